@@ -1,0 +1,58 @@
+"""Start-up costs, each measured in a fresh Python process so nothing is already imported or cached in memory.
+
+torch is measured the same way when it is a baseline: it shows what creating the CUDA context costs anyway.
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+
+# Times are taken inside the child, so the interpreter's own start-up is not counted.
+# minitensor and torch spell this first op the same way.
+_SCRIPT = """
+import json, time
+t0 = time.perf_counter()
+import {module} as m
+t1 = time.perf_counter()
+first_op_s = None
+if {first_op}:
+    a = m.ones(1024, device="cuda")
+    b = m.ones(1024, device="cuda")
+    c = a + b
+    m.cuda.synchronize()
+    first_op_s = time.perf_counter() - t1
+print(json.dumps({{"import_s": t1 - t0, "first_op_s": first_op_s}}))
+"""
+
+STARTUP_CASES = {
+    "startup.import": "import",
+    "startup.first_op": "first a + b, fresh process",
+}
+MODULES = ("minitensor", "torch")  # the frameworks these cases run for
+
+
+def _child(module, first_op):
+    """Run one fresh process and return its timings."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT.format(module=module, first_op=first_op)],
+        capture_output=True, text=True, timeout=300,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"child exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def import_s(module, runs):
+    """Median wall time of `import module` over `runs` fresh processes."""
+    return statistics.median(_child(module, False)["import_s"] for _ in range(runs))
+
+
+def first_op_s(module, runs):
+    """Median time from after the import to a finished first `a + b` on cuda, context creation included.
+
+    One unmeasured child runs first so Triton's disk cache (kernels, C launcher) is warm,
+    which is the state a user's second and later programs start in.
+    """
+    _child(module, True)
+    return statistics.median(_child(module, True)["first_op_s"] for _ in range(runs))

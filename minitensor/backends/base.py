@@ -1,0 +1,67 @@
+"""The driver interface: everything minitensor asks of a device, in one small class.
+
+Handles are plain ints, as in CUDA's driver API: device pointers, stream handles (0 is the legacy default
+stream of the calling thread's current device) and event handles. Calls that take no device act on the
+calling thread's current device, which `set_device` chooses, again as in CUDA.
+"""
+import uuid
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    name: str
+    total_memory: int
+    multi_processor_count: int
+    major: int
+    minor: int
+    uuid: uuid.UUID
+
+    def __repr__(self):
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // 2**20}MB, "
+                f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid})")
+
+
+class Driver:
+    """Abstract driver. `nvidia.NvidiaDriver` and `sim.SimDriver` implement every method."""
+
+    name = "abstract"
+
+    # devices
+    def device_count(self): raise NotImplementedError
+    def properties(self, device): raise NotImplementedError
+    def mem_get_info(self, device): raise NotImplementedError
+    def set_device(self, device): raise NotImplementedError
+    def synchronize(self, device): raise NotImplementedError
+    def error_string(self, code): raise NotImplementedError
+
+    # memory: malloc raises OutOfMemoryError when the device is full
+    def malloc(self, device, nbytes): raise NotImplementedError
+    def free(self, device, ptr): raise NotImplementedError
+    def host_alloc(self, nbytes): raise NotImplementedError
+    def host_free(self, ptr): raise NotImplementedError
+    def host_register(self, ptr, nbytes): raise NotImplementedError
+    def host_unregister(self, ptr): raise NotImplementedError
+    def memcpy_async(self, dst, src, nbytes, stream): raise NotImplementedError
+
+    # streams and events
+    def stream_create(self, device, priority): raise NotImplementedError
+    def stream_query(self, stream): raise NotImplementedError
+    def stream_synchronize(self, stream): raise NotImplementedError
+    def stream_wait_event(self, stream, event): raise NotImplementedError
+    def event_create(self, device, enable_timing, blocking): raise NotImplementedError
+    def event_destroy(self, event): raise NotImplementedError
+    def event_record(self, event, stream): raise NotImplementedError
+    def event_query(self, event): raise NotImplementedError
+    def event_synchronize(self, event): raise NotImplementedError
+    def event_elapsed_ms(self, start, end): raise NotImplementedError
+
+    # kernels: compile returns an object whose launch(grid, stream, args) enqueues one launch
+    def compile(self, device, kernel, signature, constexprs, aligned, num_warps): raise NotImplementedError
+
+    # test helpers behind mt.cuda.sleep and mt.cuda.Gate
+    def sleep(self, stream, ms): raise NotImplementedError
+    def gate_create(self): raise NotImplementedError
+    def gate_wait(self, gate, stream): raise NotImplementedError
+    def gate_open(self, gate): raise NotImplementedError

@@ -1,0 +1,406 @@
+"""A simulated CUDA device in host memory, for machines without a GPU.
+
+Each device is one lazily committed anonymous mapping of MINITENSOR_SIM_MEMORY bytes; device pointers
+are real host addresses inside it, so Triton's interpreter can run the same kernels on them. Every stream
+is an in-order queue drained by its own worker thread, so work really runs after the call that enqueued
+it returns: `query()` is False while work is pending, events complete when the stream reaches them, and
+cross-stream waits block only the waiting stream. Work that raises on a worker is kept and raised by the
+next synchronising call on that device, never dropped.
+"""
+import collections
+import ctypes
+import hashlib
+import mmap
+import os
+import threading
+import time
+import uuid
+
+from ..errors import CudaError, OutOfMemoryError
+from .base import DeviceProperties, Driver
+
+_ALIGNMENT = 512
+_ERRORS = {
+    0: "no error",
+    1: "invalid argument",
+    2: "out of memory",
+    101: "invalid device ordinal",
+    400: "invalid resource handle",
+    600: "device not ready",
+    719: "unspecified launch failure",
+}
+# Triton's interpreter patches triton.language globally while a kernel runs: one kernel at a time.
+_INTERPRETER_LOCK = threading.Lock()
+
+
+class _Arena:
+    """One device's memory: a reserved mapping and a first-fit free list of (offset, size), merged on free."""
+
+    def __init__(self, capacity):
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+        self.capacity = capacity
+        self.map = mmap.mmap(-1, capacity, flags=flags)
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        self.free_ranges = [(0, capacity)]
+        self.sizes = {}  # live offset -> size
+        self.used = 0
+        self.lock = threading.Lock()
+
+    def malloc(self, nbytes):
+        size = -(-nbytes // _ALIGNMENT) * _ALIGNMENT
+        with self.lock:
+            for i, (offset, length) in enumerate(self.free_ranges):
+                if length >= size:
+                    if length == size:
+                        del self.free_ranges[i]
+                    else:
+                        self.free_ranges[i] = (offset + size, length - size)
+                    self.sizes[offset] = size
+                    self.used += size
+                    return self.base + offset
+        return None
+
+    def free(self, ptr):
+        offset = ptr - self.base
+        with self.lock:
+            size = self.sizes.pop(offset, None)
+            if size is None:
+                raise CudaError(1, _ERRORS[1])
+            self.used -= size
+            ranges = self.free_ranges
+            i = 0
+            while i < len(ranges) and ranges[i][0] < offset:
+                i += 1
+            ranges.insert(i, (offset, size))
+            if i + 1 < len(ranges) and offset + size == ranges[i + 1][0]:
+                ranges[i] = (offset, size + ranges[i + 1][1])
+                del ranges[i + 1]
+            if i > 0 and ranges[i - 1][0] + ranges[i - 1][1] == offset:
+                ranges[i - 1] = (ranges[i - 1][0], ranges[i - 1][1] + ranges[i][1])
+                del ranges[i]
+        self._release_pages(offset, size)
+
+    def _release_pages(self, offset, size):
+        """Give whole freed pages back to the OS, so tests of large tensors don't keep host memory."""
+        page = mmap.PAGESIZE
+        start, end = -(-offset // page) * page, (offset + size) // page * page
+        if end - start >= 16 * page:
+            self.map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def contains(self, ptr):
+        return self.base <= ptr < self.base + self.capacity
+
+
+class _Stream:
+    """An in-order work queue with its own worker thread."""
+
+    def __init__(self, driver, device):
+        self.driver = driver
+        self.device = device
+        self.items = collections.deque()
+        self.cond = threading.Condition()
+        self.enqueued = 0
+        self.completed = 0
+        threading.Thread(target=self._run, daemon=True, name=f"minitensor-sim-stream-{device}").start()
+
+    def enqueue(self, work):
+        with self.cond:
+            self.items.append(work)
+            self.enqueued += 1
+            self.cond.notify_all()
+
+    def _run(self):
+        while True:
+            with self.cond:
+                while not self.items:
+                    self.cond.wait()
+                work = self.items[0]
+            try:
+                work()
+            except BaseException as e:  # kept for the next synchronising call
+                self.driver._record_error(self.device, e)
+            with self.cond:
+                self.items.popleft()
+                self.completed += 1
+                self.cond.notify_all()
+
+    def idle(self):
+        with self.cond:
+            return self.completed == self.enqueued
+
+    def wait(self):
+        with self.cond:
+            target = self.enqueued
+            while self.completed < target:
+                self.cond.wait()
+
+
+class _Mark:
+    """One record of an event: set when its stream reaches it, with the time it did."""
+
+    __slots__ = ("done", "time")
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.time = None
+
+    def complete(self):
+        self.time = time.perf_counter()
+        self.done.set()
+
+
+class _Event:
+    __slots__ = ("device", "timing", "mark")
+
+    def __init__(self, device, timing):
+        self.device, self.timing, self.mark = device, timing, None
+
+
+class SimDriver(Driver):
+    name = "sim"
+
+    def __init__(self):
+        count = int(os.environ.get("MINITENSOR_SIM_DEVICES", "1"))
+        capacity = int(os.environ.get("MINITENSOR_SIM_MEMORY", str(4 << 30)))
+        if count < 1 or capacity < _ALIGNMENT:
+            raise ValueError("MINITENSOR_SIM_DEVICES must be >= 1 and MINITENSOR_SIM_MEMORY >= 512 bytes, got "
+                             f"{count} and {capacity}")
+        self._capacity = capacity
+        self._count = count
+        self._arenas = [None] * count  # mapped on first use
+        self._tls = threading.local()
+        self._lock = threading.Lock()
+        self._default_streams = [None] * count
+        self._streams = {}  # handle -> _Stream
+        self._events = {}  # handle -> _Event
+        self._next_handle = 0x1000
+        self._errors = [[] for _ in range(count)]
+        self._host = {}  # host_alloc'd address -> mmap
+        self._registered = {}  # host_register'd address -> nbytes
+
+    # ------------------------------------------------------------------ devices
+    def device_count(self):
+        return self._count
+
+    def properties(self, device):
+        digest = hashlib.md5(f"minitensor-sim-{device}".encode()).digest()
+        return DeviceProperties(name="minitensor simulated device", total_memory=self._capacity,
+                                multi_processor_count=1, major=9, minor=0, uuid=uuid.UUID(bytes=digest))
+
+    def mem_get_info(self, device):
+        arena = self._arenas[device]
+        used = arena.used if arena is not None else 0
+        return self._capacity - used, self._capacity
+
+    def set_device(self, device):
+        self._tls.device = device
+
+    def current_device(self):
+        return getattr(self._tls, "device", 0)
+
+    def synchronize(self, device):
+        for stream in self._device_streams(device):
+            stream.wait()
+        self._raise_error(device)
+
+    def error_string(self, code):
+        return _ERRORS.get(code, "unknown error")
+
+    def _record_error(self, device, error):
+        self._errors[device].append(error)
+
+    def _raise_error(self, device):
+        errors = self._errors[device]
+        if errors:
+            error = errors.pop(0)
+            errors.clear()
+            raise error
+
+    # ------------------------------------------------------------------ memory
+    def _arena(self, device):
+        arena = self._arenas[device]
+        if arena is None:
+            with self._lock:
+                if self._arenas[device] is None:
+                    self._arenas[device] = _Arena(self._capacity)
+                arena = self._arenas[device]
+        return arena
+
+    def malloc(self, device, nbytes):
+        ptr = self._arena(device).malloc(nbytes)
+        if ptr is None:
+            raise OutOfMemoryError(f"CUDA error 2: {_ERRORS[2]} (simulated device {device} has "
+                                   f"{self._capacity} bytes)")
+        return ptr
+
+    def free(self, device, ptr):
+        # cuMemFree waits for the device's work; so does the simulation, or queued kernels could
+        # write into memory that a later malloc hands out again.
+        for stream in self._device_streams(device):
+            stream.wait()
+        self._arena(device).free(ptr)
+
+    def host_alloc(self, nbytes):
+        m = mmap.mmap(-1, max(nbytes, 1))
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        with self._lock:
+            self._host[ptr] = m
+        return ptr
+
+    def host_free(self, ptr):
+        with self._lock:
+            m = self._host.pop(ptr, None)
+        if m is None:
+            raise CudaError(1, _ERRORS[1])
+        # the buffer export that gave us the address must be gone before the mapping can close
+        del m
+
+    def host_register(self, ptr, nbytes):
+        with self._lock:
+            self._registered[ptr] = nbytes
+
+    def host_unregister(self, ptr):
+        with self._lock:
+            if self._registered.pop(ptr, None) is None:
+                raise CudaError(1, _ERRORS[1])
+
+    def _is_pageable(self, ptr):
+        if any(arena is not None and arena.contains(ptr) for arena in self._arenas):
+            return False
+        with self._lock:
+            if ptr in self._host or ptr in self._registered:
+                return False
+            return not any(base <= ptr < base + len(m) for base, m in self._host.items()) and \
+                not any(base <= ptr < base + n for base, n in self._registered.items())
+
+    def memcpy_async(self, dst, src, nbytes, stream):
+        s = self._stream(stream)
+        if self._is_pageable(dst) or self._is_pageable(src):
+            # As in CUDA, a copy to or from pageable memory is synchronous: the caller may reuse the
+            # buffer as soon as the call returns.
+            s.wait()
+            self._raise_error(s.device)
+            ctypes.memmove(dst, src, nbytes)
+        else:
+            s.enqueue(lambda: ctypes.memmove(dst, src, nbytes))
+
+    # ------------------------------------------------------------------ streams
+    def _stream(self, handle):
+        if handle == 0:
+            device = self.current_device()
+            stream = self._default_streams[device]
+            if stream is None:
+                with self._lock:
+                    if self._default_streams[device] is None:
+                        self._default_streams[device] = _Stream(self, device)
+                    stream = self._default_streams[device]
+            return stream
+        try:
+            return self._streams[handle]
+        except KeyError:
+            raise CudaError(400, _ERRORS[400]) from None
+
+    def _device_streams(self, device):
+        with self._lock:
+            streams = [s for s in self._streams.values() if s.device == device]
+            if self._default_streams[device] is not None:
+                streams.append(self._default_streams[device])
+        return streams
+
+    def _new_handle(self):
+        with self._lock:
+            self._next_handle += 0x10
+            return self._next_handle
+
+    def stream_create(self, device, priority):
+        handle = self._new_handle()
+        stream = _Stream(self, device)
+        with self._lock:
+            self._streams[handle] = stream
+        return handle
+
+    def stream_query(self, stream):
+        return self._stream(stream).idle()
+
+    def stream_synchronize(self, stream):
+        s = self._stream(stream)
+        s.wait()
+        self._raise_error(s.device)
+
+    def stream_wait_event(self, stream, event):
+        mark = self._event(event).mark
+        if mark is not None:
+            self._stream(stream).enqueue(mark.done.wait)
+
+    def enqueue(self, stream, work):
+        """Run `work()` on the stream's worker after everything enqueued before it."""
+        self._stream(stream).enqueue(work)
+
+    # ------------------------------------------------------------------ events
+    def _event(self, handle):
+        try:
+            return self._events[handle]
+        except KeyError:
+            raise CudaError(400, _ERRORS[400]) from None
+
+    def event_create(self, device, enable_timing, blocking):
+        handle = self._new_handle()
+        with self._lock:
+            self._events[handle] = _Event(device, enable_timing)
+        return handle
+
+    def event_destroy(self, event):
+        with self._lock:
+            self._events.pop(event, None)
+
+    def event_record(self, event, stream):
+        mark = _Mark()
+        self._event(event).mark = mark
+        self._stream(stream).enqueue(mark.complete)
+
+    def event_query(self, event):
+        mark = self._event(event).mark
+        return mark is None or mark.done.is_set()
+
+    def event_synchronize(self, event):
+        e = self._event(event)
+        if e.mark is not None:
+            e.mark.done.wait()
+        self._raise_error(e.device)
+
+    def event_elapsed_ms(self, start, end):
+        a, b = self._event(start), self._event(end)
+        if not (a.timing and b.timing):
+            raise CudaError(1, _ERRORS[1])
+        if a.mark is None or b.mark is None or not (a.mark.done.is_set() and b.mark.done.is_set()):
+            raise CudaError(600, _ERRORS[600])
+        return (b.mark.time - a.mark.time) * 1000.0
+
+    # ------------------------------------------------------------------ kernels
+    def compile(self, device, kernel, signature, constexprs, aligned, num_warps):
+        """`kernel` is the interpreted form of a @triton.jit function (see kernels.compat)."""
+        from ..kernels import compat
+        wrap = compat.interpreter_arg_wrappers(signature)
+        tail = list(constexprs.values())
+
+        def launch(gx, gy, gz, stream, *args):
+            args = [w(a) for w, a in zip(wrap, args)] + tail
+
+            def run():
+                with _INTERPRETER_LOCK:
+                    kernel[(gx, gy, gz)](*args)
+            self._stream(stream).enqueue(run)
+        return launch
+
+    # ------------------------------------------------------------------ test helpers
+    def sleep(self, stream, ms):
+        self._stream(stream).enqueue(lambda: time.sleep(ms / 1000.0))
+
+    def gate_create(self):
+        return threading.Event()
+
+    def gate_wait(self, gate, stream):
+        self._stream(stream).enqueue(gate.wait)
+
+    def gate_open(self, gate):
+        gate.set()

@@ -1,0 +1,194 @@
+"""Tensor factories: torch's names, dtype inference and argument forms."""
+import ctypes
+import math
+import numbers
+
+import numpy as np
+
+from . import dtypes, random
+from .device import CPU, as_device
+from .ops import to_storage_values
+from .storage import UntypedStorage
+from .tensor import Tensor, _shape_arg
+
+
+def _device(device):
+    return CPU if device is None else as_device(device)
+
+
+def _host_tensor(values, dtype):
+    """A contiguous CPU tensor holding `values` (numpy) converted to `dtype`."""
+    host = np.ascontiguousarray(to_storage_values(values, dtype))
+    storage = UntypedStorage._from_array(host.reshape(-1).view(np.uint8))
+    return Tensor(storage, tuple(host.shape), tuple(s // dtype.itemsize for s in host.strides) if host.size
+                  else _contiguous(host.shape), 0, dtype)
+
+
+def _contiguous(shape):
+    from .tensor import contiguous_strides
+    return contiguous_strides(shape)
+
+
+def _from_host(values, dtype, device):
+    t = _host_tensor(values, dtype)
+    return t if device.type == "cpu" else t.to(device)
+
+
+def _infer_dtype(array):
+    kind = array.dtype.kind
+    if kind == "b":
+        return dtypes.bool_
+    if kind in "iu":
+        return dtypes.int64
+    if kind == "f":
+        return dtypes.default_float
+    raise TypeError(f"Could not infer dtype of {array.dtype}")
+
+
+def tensor(data, dtype=None, device=None, pin_memory=False, requires_grad=False):
+    device = _device(device)
+    if isinstance(data, Tensor):
+        return data.to(device=device, dtype=dtype or data.dtype, copy=True)
+    if isinstance(data, np.ndarray):
+        array = data
+        inferred = dtypes.from_numpy(array.dtype)
+    else:
+        array = _nested_to_numpy(data)
+        inferred = _infer_dtype(array)
+    return _from_host(array, dtype or inferred, device)
+
+
+def _nested_to_numpy(data):
+    def check(x, dim):
+        if isinstance(x, (list, tuple)):
+            lengths = {len(y) if isinstance(y, (list, tuple)) else -1 for y in x}
+            if len(lengths) > 1:
+                raise ValueError(f"expected sequence of equal lengths at dim {dim + 1}")
+            for y in x:
+                check(y, dim + 1)
+        elif isinstance(x, Tensor):
+            if x.numel() != 1:
+                raise ValueError("only one element tensors can be converted to Python scalars")
+        elif not isinstance(x, (numbers.Number, np.generic)) or isinstance(x, complex):
+            raise TypeError(f"new(): invalid data type '{type(x).__name__}'")
+    check(data, 0)
+    return np.array(_items(data))
+
+
+def _items(x):
+    if isinstance(x, (list, tuple)):
+        return [_items(y) for y in x]
+    return x.item() if isinstance(x, (Tensor, np.generic)) else x
+
+
+def empty(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
+    return Tensor._empty(_shape_arg(size), dtype or dtypes.default_float, _device(device))
+
+
+def full(size, fill_value, dtype=None, device=None, pin_memory=False, requires_grad=False):
+    if dtype is None:
+        dtype = dtypes.result_type(fill_value)
+    t = Tensor._empty(_shape_arg((size,)), dtype, _device(device))
+    return t.fill_(fill_value)
+
+
+def zeros(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
+    return full(_shape_arg(size), 0, dtype=dtype or dtypes.default_float, device=device)
+
+
+def ones(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
+    return full(_shape_arg(size), 1, dtype=dtype or dtypes.default_float, device=device)
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if (end - start) * step < 0:
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    if dtype is None:
+        dtype = dtypes.result_type(start, end, step)
+    n = max(0, math.ceil((end - start) / step))
+    return _from_host(start + step * np.arange(n, dtype=np.float64 if dtype.is_floating_point else np.int64),
+                      dtype, _device(device))
+
+
+def rand(*size, dtype=None, device=None, requires_grad=False):
+    device = _device(device)
+    return _from_host(random.generator(device).random(_shape_arg(size)), dtype or dtypes.default_float, device)
+
+
+def randn(*size, dtype=None, device=None, requires_grad=False):
+    device = _device(device)
+    return _from_host(random.generator(device).standard_normal(_shape_arg(size)), dtype or dtypes.default_float,
+                      device)
+
+
+def randint(low, high=None, size=None, dtype=None, device=None, requires_grad=False):
+    if high is None:
+        low, high = 0, low
+    if size is None:
+        raise TypeError("randint() missing required argument 'size'")
+    if low >= high:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+    device = _device(device)
+    return _from_host(random.generator(device).integers(low, high, _shape_arg((size,))), dtype or dtypes.int64,
+                      device)
+
+
+def empty_like(t, dtype=None, device=None):
+    return empty(t._shape, dtype=dtype or t.dtype, device=device or t.device)
+
+
+def zeros_like(t, dtype=None, device=None):
+    return zeros(t._shape, dtype=dtype or t.dtype, device=device or t.device)
+
+
+def ones_like(t, dtype=None, device=None):
+    return ones(t._shape, dtype=dtype or t.dtype, device=device or t.device)
+
+
+def full_like(t, fill_value, dtype=None, device=None):
+    return full(t._shape, fill_value, dtype=dtype or t.dtype, device=device or t.device)
+
+
+def rand_like(t, dtype=None, device=None):
+    return rand(t._shape, dtype=dtype or t.dtype, device=device or t.device)
+
+
+def randn_like(t, dtype=None, device=None):
+    return randn(t._shape, dtype=dtype or t.dtype, device=device or t.device)
+
+
+def randint_like(t, low, high=None, dtype=None, device=None):
+    return randint(low, high, t._shape, dtype=dtype or t.dtype, device=device or t.device)
+
+
+def from_numpy(array):
+    """A CPU tensor sharing the array's memory."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"expected np.ndarray (got {type(array).__name__})")
+    dtype = dtypes.from_numpy(array.dtype)
+    itemsize = array.itemsize
+    if any(s < 0 for s in array.strides):
+        raise ValueError("At least one stride in the given numpy array is negative, and tensors with negative "
+                         "strides are not currently supported. (You can probably work around this by making a "
+                         "copy of your array  with array.copy().) ")
+    if any(s % itemsize for s in array.strides):
+        raise ValueError("given numpy array strides not a multiple of the element byte size. Copy the numpy "
+                         "array to reallocate the memory.")
+    extent = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) + itemsize if array.size else 0
+    memory = (ctypes.c_uint8 * extent).from_address(array.ctypes.data) if extent else None
+    raw = np.frombuffer(memory, np.uint8) if extent else np.empty(0, np.uint8)
+    storage = UntypedStorage._from_array(raw, owner=array)
+    return Tensor(storage, tuple(array.shape), tuple(s // itemsize for s in array.strides), 0, dtype)
+
+
+def as_tensor(data, dtype=None, device=None):
+    """No copy when `data` already is a tensor (or numpy array) of that dtype and device."""
+    if isinstance(data, np.ndarray) and all(s >= 0 for s in data.strides):
+        data = from_numpy(data)
+    if isinstance(data, Tensor):
+        return data.to(device=device or data.device, dtype=dtype or data.dtype)
+    return tensor(data, dtype=dtype, device=device)

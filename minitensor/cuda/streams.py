@@ -1,0 +1,227 @@
+"""Streams and events, as torch.cuda has them.
+
+`Stream()` hands out streams from a per-device pool of 32 per priority, round-robin, as torch does:
+streams are never destroyed, so a handle cached by the allocator never comes back as another stream.
+The current stream is per thread and per device; the default is the legacy default stream (handle 0).
+"""
+import itertools
+import threading
+
+from ..backends import active_driver
+
+_POOL_SIZE = 32
+_tls = threading.local()
+_pool_lock = threading.Lock()
+_pools = {}  # (device, high priority?) -> [handles], filled lazily
+_next_in_pool = {}
+_stream_ids = {0: 0}  # handle -> stream_id; the default stream is 0
+_event_ids = itertools.count(1)
+
+
+def _driver():
+    return active_driver()
+
+
+def _current_handles():
+    """This thread's current stream handle per device (0, the default stream, until set)."""
+    handles = getattr(_tls, "handles", None)
+    if handles is None:
+        handles = _tls.handles = [0] * _driver().device_count()
+    return handles
+
+
+def current_stream_handle(index):
+    """The raw handle kernels launch on: the hot path, so no Stream object is built."""
+    handles = getattr(_tls, "handles", None)
+    return 0 if handles is None else handles[index]
+
+
+def _pooled_handle(index, priority):
+    key = (index, priority < 0)
+    with _pool_lock:
+        pool = _pools.setdefault(key, [])
+        n = _next_in_pool.get(key, 0)
+        _next_in_pool[key] = n + 1
+        if len(pool) < _POOL_SIZE:
+            handle = _driver().stream_create(index, -1 if priority < 0 else 0)
+            pool.append(handle)
+            _stream_ids[handle] = len(_stream_ids)
+            return handle
+        return pool[n % _POOL_SIZE]
+
+
+class Stream:
+    """A queue of device work. Usable as a context manager that makes it (and its device) current."""
+
+    __slots__ = ("device", "cuda_stream", "priority", "_saved")
+
+    def __init__(self, device=None, priority=0, _handle=None):
+        from . import _DEVICES, _check_index, _index
+        index = _check_index(_index(device))
+        self.device = _DEVICES[index]
+        self.priority = priority
+        self.cuda_stream = _pooled_handle(index, priority) if _handle is None else _handle
+        self._saved = None
+
+    @property
+    def stream_id(self):
+        return _stream_ids.setdefault(self.cuda_stream, len(_stream_ids))
+
+    def query(self):
+        """True when all work queued on the stream has completed."""
+        return self._on_device(_driver().stream_query, self.cuda_stream)
+
+    def synchronize(self):
+        self._on_device(_driver().stream_synchronize, self.cuda_stream)
+
+    def wait_event(self, event):
+        """Make future work on this stream wait for the event's last record."""
+        if event._handle is not None:
+            self._on_device(_driver().stream_wait_event, self.cuda_stream, event._handle)
+
+    def wait_stream(self, stream):
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event=None):
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def _on_device(self, fn, *args):
+        """Run a driver call with this stream's device current (handle 0 means that device's default)."""
+        from . import current_device, set_device
+        previous = current_device()
+        if previous == self.device.index:
+            return fn(*args)
+        set_device(self.device.index)
+        try:
+            return fn(*args)
+        finally:
+            set_device(previous)
+
+    def __cuda_stream__(self):
+        return 0, self.cuda_stream
+
+    def __eq__(self, other):
+        return isinstance(other, Stream) and (self.device, self.cuda_stream) == (other.device, other.cuda_stream)
+
+    def __hash__(self):
+        return hash((self.device, self.cuda_stream))
+
+    def __repr__(self):
+        return f"<minitensor.cuda.Stream device={self.device} cuda_stream={self.cuda_stream:#x}>"
+
+    def __enter__(self):
+        from . import current_device, set_device
+        self._saved = (current_device(), current_stream(self.device))
+        set_device(self.device.index)
+        set_stream(self)
+        return self
+
+    def __exit__(self, *exc):
+        from . import set_device
+        device, previous = self._saved
+        self._saved = None
+        set_stream(previous)
+        set_device(device)
+        return False
+
+
+class ExternalStream(Stream):
+    """Wraps a stream created elsewhere (another library's handle); minitensor never destroys it."""
+
+    __slots__ = ()
+
+    def __init__(self, stream_ptr, device=None):
+        super().__init__(device, 0, _handle=int(stream_ptr))
+
+
+def current_stream(device=None):
+    from . import _DEVICES, _index
+    index = _index(device)
+    return Stream(index, _handle=_current_handles()[index])
+
+
+def default_stream(device=None):
+    from . import _index
+    return Stream(_index(device), _handle=0)
+
+
+def set_stream(s):
+    """Make `s` the current stream of its device in this thread."""
+    _current_handles()[s.device.index] = s.cuda_stream
+
+
+class stream:
+    """Context manager form of set_stream; None does nothing."""
+
+    def __init__(self, s):
+        self.s = s
+
+    def __enter__(self):
+        if self.s is not None:
+            self.s.__enter__()
+        return self.s
+
+    def __exit__(self, *exc):
+        if self.s is not None:
+            self.s.__exit__(*exc)
+        return False
+
+
+class Event:
+    """A marker in a stream. Created on the driver at its first record, on the recording stream's device."""
+
+    __slots__ = ("enable_timing", "blocking", "_handle", "_device", "event_id", "__weakref__")
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        if interprocess:
+            raise NotImplementedError("interprocess events are not supported by minitensor")
+        self.enable_timing = enable_timing
+        self.blocking = blocking
+        self._handle = None
+        self._device = None
+        self.event_id = 0
+
+    def record(self, stream=None):
+        stream = current_stream() if stream is None else stream
+        if self._handle is None:
+            self._device = stream.device
+            self._handle = stream._on_device(_driver().event_create, stream.device.index, self.enable_timing,
+                                             self.blocking)
+            self.event_id = next(_event_ids)
+        elif stream.device != self._device:
+            raise RuntimeError(f"Event device {self._device} does not match recording stream's device "
+                               f"{stream.device}")
+        stream._on_device(_driver().event_record, self._handle, stream.cuda_stream)
+
+    def query(self):
+        return self._handle is None or _driver().event_query(self._handle)
+
+    def synchronize(self):
+        if self._handle is not None:
+            _driver().event_synchronize(self._handle)
+
+    def wait(self, stream=None):
+        (current_stream() if stream is None else stream).wait_event(self)
+
+    def elapsed_time(self, end_event):
+        """Milliseconds from this event to `end_event`; both must be recorded and complete."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'")
+        if self._handle is None or end_event._handle is None:
+            raise ValueError("Both events must be recorded before calculating elapsed time")
+        if not (self.query() and end_event.query()):
+            raise RuntimeError("Both events must be completed before calculating elapsed time")
+        return _driver().event_elapsed_ms(self._handle, end_event._handle)
+
+    def __del__(self):
+        if self._handle is not None:
+            try:
+                _driver().event_destroy(self._handle)
+            except Exception:  # interpreter shutdown: the driver may already be gone
+                pass
+
+    def __repr__(self):
+        state = f"cuda_event={self._handle:#x}" if self._handle is not None else "uninitialized"
+        return f"<minitensor.cuda.Event {state}>"

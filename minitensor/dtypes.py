@@ -1,0 +1,126 @@
+"""Element types and torch's type-promotion rules.
+
+numpy has no bfloat16, so bfloat16 tensors keep their raw bits in uint16 arrays on the host; the
+helpers at the bottom convert them to and from float32 (round to nearest even, as torch does).
+"""
+import numpy as np
+
+_BOOL, _INT, _FLOAT = 0, 1, 2  # promotion categories, in order
+
+
+class dtype:
+    """One element type: its size, its category, and how numpy and Triton spell it."""
+
+    __slots__ = ("name", "itemsize", "category", "is_signed", "np", "triton", "_order")
+
+    def __init__(self, name, itemsize, category, is_signed, np_dtype, triton_name, order):
+        self.name = name
+        self.itemsize = itemsize
+        self.category = category
+        self.is_signed = is_signed
+        self.np = np.dtype(np_dtype)  # storage dtype on the host (uint16 for bfloat16)
+        self.triton = triton_name
+        self._order = order
+
+    @property
+    def is_floating_point(self):
+        return self.category == _FLOAT
+
+    def __repr__(self):
+        return f"minitensor.{self.name}"
+
+    def __reduce__(self):
+        return (_by_name, (self.name,))
+
+
+bool_ = dtype("bool", 1, _BOOL, False, np.bool_, "i1", 0)
+uint8 = dtype("uint8", 1, _INT, False, np.uint8, "u8", 1)
+int8 = dtype("int8", 1, _INT, True, np.int8, "i8", 2)
+int16 = dtype("int16", 2, _INT, True, np.int16, "i16", 3)
+int32 = dtype("int32", 4, _INT, True, np.int32, "i32", 4)
+int64 = dtype("int64", 8, _INT, True, np.int64, "i64", 5)
+float16 = dtype("float16", 2, _FLOAT, True, np.float16, "fp16", 6)
+bfloat16 = dtype("bfloat16", 2, _FLOAT, True, np.uint16, "bf16", 7)
+float32 = dtype("float32", 4, _FLOAT, True, np.float32, "fp32", 8)
+float64 = dtype("float64", 8, _FLOAT, True, np.float64, "fp64", 9)
+
+ALL = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
+_BY_NAME = {d.name: d for d in ALL}
+_FROM_NP = {d.np: d for d in ALL if d is not bfloat16}
+
+default_float = float32
+default_int = int64
+
+
+def _by_name(name):
+    return _BY_NAME[name]
+
+
+def from_numpy(np_dtype):
+    try:
+        return _FROM_NP[np.dtype(np_dtype)]
+    except KeyError:
+        raise TypeError(f"can't convert numpy array of type {np.dtype(np_dtype)}: the supported types are "
+                        "bool, uint8, int8, int16, int32, int64, float16, float32 and float64") from None
+
+
+def promote_types(a, b):
+    """torch.promote_types for the dtypes minitensor has."""
+    if a is b:
+        return a
+    if a._order > b._order:
+        a, b = b, a
+    if b.category == _FLOAT:
+        if a.category == _FLOAT:  # float16 with bfloat16 meets at float32
+            return float32 if {a, b} == {float16, bfloat16} else b
+        return b
+    if a is bool_:
+        return b
+    if a is uint8:  # uint8 with a signed int needs a wider signed type
+        return int16 if b is int8 else b
+    return b
+
+
+def _scalar_category(value):
+    if isinstance(value, (bool, np.bool_)):
+        return _BOOL
+    if isinstance(value, (int, np.integer)):
+        return _INT
+    return _FLOAT
+
+
+def result_type(*operands):
+    """torch.result_type: dimensioned tensors outrank 0-d tensors, which outrank Python scalars;
+    a lower rank only matters when its category (bool < int < float) is higher."""
+    from .tensor import Tensor
+    dims, zero_dims, scalar_cat = None, None, -1
+    for x in operands:
+        if isinstance(x, Tensor):
+            if x.dim() > 0:
+                dims = x.dtype if dims is None else promote_types(dims, x.dtype)
+            else:
+                zero_dims = x.dtype if zero_dims is None else promote_types(zero_dims, x.dtype)
+        else:
+            scalar_cat = max(scalar_cat, _scalar_category(x))
+    result = dims
+    if zero_dims is not None and (result is None or zero_dims.category > result.category):
+        result = zero_dims if result is None else promote_types(result, zero_dims)
+    if scalar_cat >= 0 and (result is None or scalar_cat > result.category):
+        result = (bool_, default_int, default_float)[scalar_cat]
+    return result
+
+
+def can_cast(src, dst):
+    """torch.can_cast: no cast to a lower category (float -> int, int -> bool)."""
+    return src.category <= dst.category
+
+
+def bf16_bits_to_f32(bits):
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16_bits(values):
+    """Round float32 to bfloat16 bits, to nearest even; NaN stays a quiet NaN."""
+    u = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+    return np.where(np.isnan(values), 0x7FC0, rounded).astype(np.uint16)

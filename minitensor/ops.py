@@ -1,0 +1,292 @@
+"""Operations on tensors: argument checks and torch's typing rules here, the work in Triton kernels
+(cuda tensors, `minitensor.kernels`) or numpy (CPU tensors).
+
+Kernels launch on the current stream of the tensor's device. On the host, bfloat16 values are stored as
+raw bits and computed in float32, as the kernels do for both half types.
+"""
+import math
+import numbers
+
+import numpy as np
+
+from . import dtypes
+from .device import CPU
+
+_BINARY_NAMES = {"add": 0, "sub": 1, "mul": 2, "div": 3}
+_NUMPY_BINARY = {0: np.add, 1: np.subtract, 2: np.multiply, 3: np.true_divide, 4: np.logical_or,
+                 5: np.logical_and}
+_TORCH_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long",
+                "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double"}
+_kernels = None
+
+
+def kernels():
+    """minitensor.kernels.elementwise, imported on first use: it imports Triton, which `import minitensor`
+    should not pay for."""
+    global _kernels
+    if _kernels is None:
+        from .kernels import elementwise
+        _kernels = elementwise
+    return _kernels
+
+
+def _stream(t):
+    from .cuda.streams import current_stream_handle
+    return current_stream_handle(t.device.index)
+
+
+# ---------------------------------------------------------------------------------------------- host arrays
+def numpy_view(t):
+    """The numpy array over a CPU tensor's memory (bfloat16 as uint16 bits)."""
+    if t.numel() == 0:
+        return np.empty(t._shape, t.dtype.np)
+    itemsize = t.dtype.itemsize
+    return np.ndarray(t._shape, t.dtype.np, buffer=t._storage._array, offset=t._offset * itemsize,
+                      strides=tuple(s * itemsize for s in t._stride))
+
+
+def numpy_values(t):
+    """A CPU tensor's values as numpy; bfloat16 converted to float32."""
+    view = numpy_view(t)
+    return dtypes.bf16_bits_to_f32(view) if t.dtype is dtypes.bfloat16 else view
+
+
+def to_storage_values(values, dtype):
+    """Values (any numpy dtype) converted to `dtype`'s host representation."""
+    values = np.asarray(values)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if dtype is dtypes.bfloat16:
+            return dtypes.f32_to_bf16_bits(values.astype(np.float32))
+        if dtype is dtypes.bool_:
+            return values != 0
+        if values.dtype.kind == "f" and dtype.category == 1:  # float -> int truncates toward zero
+            values = np.trunc(values)
+            if not dtype.is_signed:  # negative floats to unsigned wrap through int64, as torch's CPU does
+                values = values.astype(np.int64)
+        return values.astype(dtype.np)
+
+
+# ---------------------------------------------------------------------------------------------- fill / copy
+def _scalar_for(dtype, value):
+    """A Python number converted to what a `dtype` element holds (wrapping like a C cast for ints)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if not isinstance(value, numbers.Number) or isinstance(value, complex):
+        raise TypeError(f"expected a real Python number for a {dtype} tensor, got {type(value).__name__}")
+    if dtype is dtypes.bool_:
+        return bool(value)
+    if dtype.is_floating_point:
+        return float(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise RuntimeError(f"value cannot be converted to type {dtype.name} without overflow")
+        value = int(value)
+    bits = dtype.itemsize * 8
+    value &= (1 << bits) - 1
+    if dtype.is_signed and value >= 1 << (bits - 1):
+        value -= 1 << bits
+    return value
+
+
+def fill_(t, value):
+    from .tensor import Tensor
+    if isinstance(value, Tensor):
+        if value.dim() != 0:
+            raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with "
+                               f"{value.dim()} dimensions.")
+        value = value.item()
+    value = _scalar_for(t.dtype, value)
+    if t.device.type == "cpu":
+        numpy_view(t)[...] = to_storage_values(np.array(value), t.dtype)
+    else:
+        kernels().fill(t, value, _stream(t))
+
+
+def broadcast_shapes(*shapes):
+    ndim = max((len(s) for s in shapes), default=0)
+    result = [1] * ndim
+    for shape in shapes:
+        for i, size in enumerate(shape, ndim - len(shape)):
+            if size != 1:
+                if result[i] not in (1, size):
+                    raise RuntimeError(f"The size of tensor a ({result[i]}) must match the size of tensor b "
+                                       f"({size}) at non-singleton dimension {i}")
+                result[i] = size
+            elif result[i] == 1:
+                result[i] = size
+    return tuple(result)
+
+
+def copy_(dst, src, non_blocking=False):
+    """dst[...] = src, broadcasting src and casting to dst's dtype, between any two devices."""
+    from .tensor import Tensor
+    if not isinstance(src, Tensor):
+        raise TypeError(f"copy_(): argument 'src' must be a Tensor, not {type(src).__name__}")
+    if broadcast_shapes(dst._shape, src._shape) != dst._shape:
+        raise RuntimeError(f"output with shape {list(dst._shape)} doesn't match the broadcast shape "
+                           f"{list(broadcast_shapes(dst._shape, src._shape))}")
+    if dst.numel() == 0:
+        return
+    if src.device != dst.device:
+        src = _to_device(src, dst.device, dst.dtype)
+    src = src.expand(dst._shape)
+    if dst.device.type == "cpu":
+        numpy_view(dst)[...] = to_storage_values(numpy_values(src), dst.dtype)
+    else:
+        kernels().copy(dst, src, _stream(dst))
+
+
+def _to_device(src, device, dtype):
+    """A contiguous copy of src on `device`. The cast is done on whichever side is cheaper: before the
+    transfer when it shrinks the data, after otherwise (the caller's copy casts)."""
+    from . import cuda
+    from .backends import active_driver
+    from .tensor import Tensor
+    if dtype.itemsize < src.dtype.itemsize:
+        src = src.to(dtype)
+    src = src.contiguous()
+    out = Tensor._empty(src._shape, src.dtype, device)
+    nbytes = src.numel() * src.dtype.itemsize
+    if nbytes == 0:
+        return out
+    driver = active_driver()
+    if src.device.type == "cuda" and device.type == "cuda":
+        # the source's pending work is on its own device's stream: finish it, then copy on the target's
+        cuda.current_stream(src.device).synchronize()
+    side = device if device.type == "cuda" else src.device
+    with cuda.device(side.index):
+        stream = cuda.current_stream(side)
+        driver.memcpy_async(out.data_ptr(), src.data_ptr(), nbytes, stream.cuda_stream)
+        if device.type == "cpu":
+            stream.synchronize()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- arithmetic
+def _check_number(x):
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, complex) or not isinstance(x, numbers.Number):
+        raise TypeError(f"unsupported operand type: {type(x).__name__} (minitensor supports tensors and real "
+                        "Python numbers)")
+    return x
+
+
+def binary(name, a, b, out=None, alpha=1):
+    """`a (op) b` with broadcasting, Python scalars and torch's promotion; into `out` when given (also the
+    in-place forms, where out is a)."""
+    from .tensor import Tensor
+    op = _BINARY_NAMES[name]
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        raise TypeError(f"{name}(): expected at least one Tensor operand")
+    a = a if isinstance(a, Tensor) else _check_number(a)
+    b = b if isinstance(b, Tensor) else _check_number(b)
+    if alpha != 1:
+        b = _apply_alpha(b, alpha, a)
+    result = dtypes.result_type(a, b)
+    if op == 1 and result is dtypes.bool_ or op == 1 and any(
+            isinstance(x, Tensor) and x.dtype is dtypes.bool_ for x in (a, b)):
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying "
+                           "to invert a mask, use the `~` or `logical_not()` operator instead.")
+    if op == 3 and not result.is_floating_point:
+        result = dtypes.default_float
+    device = _common_device(a, b, out)
+    shape = broadcast_shapes(*(x._shape for x in (a, b) if isinstance(x, Tensor)))
+    if out is None:
+        from .tensor import Tensor as T
+        out = T._empty(shape, result, device)
+    else:
+        if not dtypes.can_cast(result, out.dtype):
+            raise RuntimeError(f"result type {_TORCH_NAMES[result.name]} can't be cast to the desired output type "
+                               f"{_TORCH_NAMES[out.dtype.name]}")
+        if out._shape != shape:
+            raise RuntimeError(f"output with shape {list(out._shape)} doesn't match the broadcast shape "
+                               f"{list(shape)}")
+    if result is dtypes.bool_:
+        op = {0: 4, 2: 5}.get(op, op)  # bool add is or, bool mul is and, as in torch
+    a = _operand(a, shape, device, result)
+    b = _operand(b, shape, device, result)
+    if out.numel() == 0:
+        return out
+    compute = dtypes.float32 if result in (dtypes.float16, dtypes.bfloat16) else result
+    if device.type == "cpu":
+        _binary_numpy(op, a, b, out, compute)
+    else:
+        kernels().binary(op, a, b, out, compute, _stream(out))
+    return out
+
+
+def _apply_alpha(b, alpha, a):
+    from .tensor import Tensor
+    kinds = [x.dtype for x in (a, b) if isinstance(x, Tensor)]
+    if isinstance(alpha, float) and all(not k.is_floating_point for k in kinds):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+    return binary("mul", b, alpha) if isinstance(b, Tensor) else b * alpha
+
+
+def _common_device(a, b, out):
+    """The device the op runs on. A 0-d CPU tensor may join a cuda op, as in torch (it becomes a scalar)."""
+    from .tensor import Tensor
+    tensors = [x for x in (a, b, out) if isinstance(x, Tensor)]
+    devices = {x.device for x in tensors if not (x.device.type == "cpu" and x.dim() == 0 and x is not out)}
+    if not devices:
+        return CPU
+    if len(devices) > 1:
+        first, second = sorted(devices, key=str)[:2]
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{first} and {second}!")
+    return devices.pop()
+
+
+def _operand(x, shape, device, result):
+    """Tensors expanded to the output shape; 0-d CPU tensors on a cuda op and Python numbers become
+    scalars of the result's category."""
+    from .tensor import Tensor
+    if isinstance(x, Tensor):
+        if x.device == device:
+            return x.expand(shape)
+        x = x.item()
+    return _scalar_for(result, x)
+
+
+def _binary_numpy(op, a, b, out, compute):
+    from .tensor import Tensor
+    np_compute = np.float32 if compute is dtypes.bfloat16 else compute.np
+
+    def values(x):
+        if isinstance(x, Tensor):
+            return numpy_values(x).astype(np_compute, copy=False)
+        return np.array(x).astype(np_compute)
+    with np.errstate(all="ignore"):
+        r = _NUMPY_BINARY[op](values(a), values(b))
+        if compute is not dtypes.bool_:
+            r = np.asarray(r).astype(np_compute, copy=False)
+    numpy_view(out)[...] = to_storage_values(r, out.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- repr
+def format_tensor(t):
+    values = t._host_values()
+    if t.numel() == 0:
+        body = "[]" if t.dim() == 1 else f"[], size={tuple(t._shape)}"
+    elif t.dtype.is_floating_point:
+        values = values.astype(np.float64)
+        finite = values[np.isfinite(values)]
+        integral = finite.size == 0 or bool(np.all(finite == np.round(finite)))
+        big = finite.size and (np.abs(finite).max() >= 1e8 or 0 < np.abs(finite[finite != 0]).min(initial=1) < 1e-4)
+        if big:
+            fmt = "{:.4e}".format
+        elif integral:
+            fmt = lambda v: f"{v:.0f}." if np.isfinite(v) else str(v)
+        else:
+            fmt = "{:.4f}".format
+        body = np.array2string(values, separator=", ", formatter={"float_kind": fmt}, prefix="tensor(",
+                               threshold=1000)
+    else:
+        body = np.array2string(values, separator=", ", prefix="tensor(", threshold=1000)
+    extras = []
+    if t.device.type == "cuda":
+        extras.append(f"device='{t.device}'")
+    if t.dtype not in (dtypes.float32, dtypes.int64, dtypes.bool_) or (t.numel() == 0 and t.dtype is not dtypes.float32):
+        extras.append(f"dtype={t.dtype}")
+    return "tensor(" + body + "".join(", " + e for e in extras) + ")"
