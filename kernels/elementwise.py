@@ -6,10 +6,10 @@ kernel (few arguments, vector loads); rank 2 to 4 uses the `*_strided` kernel, w
 the linear index by div/mod, right-aligned in four dims; higher ranks loop over the leading dims on the
 host. Indices are 32-bit unless some extent needs 64 bits (INDEX64).
 """
+import functools
 import itertools
 import math
 
-import triton
 import triton.language as tl
 
 from minitensor import dtypes
@@ -184,115 +184,99 @@ def _needs_int64(n, shape, strides_list):
     return extent >= 2**31
 
 
-def _index_type(index64):
-    return "i64" if index64 else "i32"
+class _Plan:
+    """The launches of one elementwise problem, fixed once per signature (dtypes, shape, strides).
 
+    Contiguous problems are one launch of the `*_contiguous` kernel, compiled with 16-byte alignment
+    hints when every pointer of the call is aligned. Strided problems are launches of the `*_strided`
+    kernel, one per index of the dims beyond MAX_RANK."""
 
-def _grid(n):
-    return triton.cdiv(n, BLOCK)
+    __slots__ = ("run",)
 
+    def __init__(self, device, pointer_types, scalar_types, shape, strides_list, itemsizes, contiguous_kernel,
+                 strided_kernel, constexprs):
+        n = math.prod(shape)
+        present = [s for s in strides_list if s is not None]  # None: a scalar operand, zero strides
+        shape, present = collapse(shape, present)
+        index64 = _needs_int64(n, shape, present)
+        itype = "i64" if index64 else "i32"
+        npointers = len(pointer_types)
+        if len(shape) == 1 and all(s[0] == 1 for s in present):
+            types = pointer_types + scalar_types + (itype,)
+            consts = constexprs + (index64, BLOCK)
+            n_aligned = (len(types) - 1,) if n % 16 == 0 else ()
+            all_aligned = tuple(range(npointers)) + n_aligned
+            grid = -(-n // BLOCK)
+            fast = []
 
-def _strided_launches(shape, strides_list, pointers, itemsizes):
-    """Split a collapsed problem of any rank into launches of rank <= MAX_RANK.
-
-    Yields (pointers, sizes padded to 4 dims, strides per operand padded to 4 dims, rank)."""
-    lead = len(shape) - MAX_RANK
-    inner_shape = shape[max(lead, 0):]
-    rank = len(inner_shape)
-    sizes = [1] * (MAX_RANK - rank) + list(inner_shape)
-    inner = [[0] * (MAX_RANK - rank) + list(s[max(lead, 0):]) for s in strides_list]
-    if lead <= 0:
-        yield pointers, sizes, inner, rank
-        return
-    for index in itertools.product(*(range(size) for size in shape[:lead])):
-        moved = [p + sum(i * st for i, st in zip(index, s[:lead])) * size if p else p
-                 for p, s, size in zip(pointers, strides_list, itemsizes)]
-        yield moved, sizes, inner, rank
-
-
-def fill(t, value, stream):
-    """t[...] = value on the device; `value` is already a Python number of t's category."""
-    n = t.numel()
-    if n == 0:
-        return
-    device, ptr = t.device.index, t.data_ptr()
-    # torch converts a fill value through float unless the tensor is double
-    value_type = ("fp64" if t.dtype is dtypes.float64 else "fp32") if t.dtype.is_floating_point else "i64"
-    out_bool = t.dtype is dtypes.bool_
-    shape, (strides,) = collapse(t._shape, [t._stride])
-    index64 = _needs_int64(n, shape, [strides])
-    itype = _index_type(index64)
-    if len(shape) == 1 and strides[0] == 1:
-        args = (ptr, value, n)
-        launch = launcher.get(fill_contiguous, device, ("*" + t.dtype.triton, value_type, itype),
-                              (out_bool, index64, BLOCK), launcher.aligned_indices(args, (0,), (2,)))
-        launch(_grid(n), 1, 1, stream, *args)
-        return
-    for (p,), sizes, (st,), rank in _strided_launches(shape, [strides], [ptr], [t.dtype.itemsize]):
-        launch = launcher.get(fill_strided, device, ("*" + t.dtype.triton, value_type) + (itype,) * 8,
-                              (out_bool, rank, index64, BLOCK))
-        launch(_grid(math.prod(sizes)), 1, 1, stream, p, value, math.prod(sizes), *sizes[1:], *st)
-
-
-def copy(dst, src, stream):
-    """dst[...] = src on one device, casting to dst's dtype; src already has dst's shape (expanded)."""
-    n = dst.numel()
-    if n == 0:
-        return
-    device = dst.device.index
-    out_bool = dst.dtype is dtypes.bool_
-    shape, (s_strides, d_strides) = collapse(dst._shape, [src._stride, dst._stride])
-    index64 = _needs_int64(n, shape, [s_strides, d_strides])
-    ptrs = (src.data_ptr(), dst.data_ptr())
-    pointer_types = ("*" + src.dtype.triton, "*" + dst.dtype.triton)
-    itype = _index_type(index64)
-    if len(shape) == 1 and s_strides[0] == 1 and d_strides[0] == 1:
-        args = ptrs + (n,)
-        launch = launcher.get(copy_contiguous, device, pointer_types + (itype,), (out_bool, index64, BLOCK),
-                              launcher.aligned_indices(args, (0, 1), (2,)))
-        launch(_grid(n), 1, 1, stream, *args)
-        return
-    itemsizes = (src.dtype.itemsize, dst.dtype.itemsize)
-    for p, sizes, (si, so), rank in _strided_launches(shape, [s_strides, d_strides], list(ptrs), itemsizes):
-        launch = launcher.get(copy_strided, device, pointer_types + (itype,) * 12, (out_bool, rank, index64, BLOCK))
+            def run(stream, pointers, scalars):
+                bits = 0
+                for p in pointers:
+                    bits |= p
+                if bits & 15:
+                    aligned = tuple(i for i, p in enumerate(pointers) if p % 16 == 0) + n_aligned
+                    launch = launcher.get(contiguous_kernel, device, types, consts, aligned)
+                else:
+                    if not fast:
+                        fast.append(launcher.get(contiguous_kernel, device, types, consts, all_aligned))
+                    launch = fast[0]
+                launch(grid, 1, 1, stream, *pointers, *scalars, n)
+            self.run = run
+            return
+        collapsed = iter(present)
+        strides_list = [[0] * len(shape) if s is None else next(collapsed) for s in strides_list]
+        lead = max(len(shape) - MAX_RANK, 0)
+        rank = len(shape) - lead
+        sizes = [1] * (MAX_RANK - rank) + list(shape[lead:])
+        inner = [x for s in strides_list for x in [0] * (MAX_RANK - rank) + list(s[lead:])]
         m = math.prod(sizes)
-        launch(_grid(m), 1, 1, stream, *p, m, *sizes[1:], *si, *so)
+        types = pointer_types + scalar_types + (itype,) * (3 + len(inner) + 1)
+        launch = launcher.get(strided_kernel, device, types, constexprs + (rank, index64, BLOCK))
+        tail = (m, *sizes[1:], *inner)
+        grid = -(-m // BLOCK)
+        starts = [[sum(i * st for i, st in zip(index, s[:lead])) * size for s, size in zip(strides_list, itemsizes)]
+                  for index in itertools.product(*(range(size) for size in shape[:lead]))]
+
+        def run(stream, pointers, scalars):
+            for offsets in starts:
+                moved = [p + o if p else p for p, o in zip(pointers, offsets)]
+                launch(grid, 1, 1, stream, *moved, *scalars, *tail)
+        self.run = run
 
 
-def binary(op, a, b, out, compute, stream):
-    """out[...] = a (op) b. Tensor operands are already expanded to out's shape; a Python-number operand
-    is passed as a kernel scalar. `compute` is the dtype the operation is done in."""
-    from minitensor.tensor import Tensor
-    n = out.numel()
-    if n == 0:
-        return
-    device = out.device.index
-    compute_tl = _TL_COMPUTE[compute.name]
-    scalar_type = "fp64" if compute is dtypes.float64 else "fp32" if compute.is_floating_point else "i64"
-    a_scalar, b_scalar = not isinstance(a, Tensor), not isinstance(b, Tensor)
-    operands = [x for x in (a, b) if isinstance(x, Tensor)] + [out]
-    shape, strides = collapse(out._shape, [x._stride for x in operands])
-    index64 = _needs_int64(n, shape, strides)
-    ptrs = [0 if a_scalar else a.data_ptr(), 0 if b_scalar else b.data_ptr(), out.data_ptr()]
-    types = ("*i8" if a_scalar else "*" + a.dtype.triton, "*i8" if b_scalar else "*" + b.dtype.triton,
-             "*" + out.dtype.triton, scalar_type, scalar_type)
-    scalars = (a if a_scalar else 0, b if b_scalar else 0)
-    out_bool = out.dtype is dtypes.bool_
-    itype = _index_type(index64)
-    if len(shape) == 1 and all(s[0] == 1 for s in strides):
-        args = (*ptrs, *scalars, n)
-        launch = launcher.get(binary_contiguous, device, types + (itype,),
-                              (op, a_scalar, b_scalar, compute_tl, out_bool, index64, BLOCK),
-                              launcher.aligned_indices(args, (0, 1, 2), (5,)))
-        launch(_grid(n), 1, 1, stream, *args)
-        return
-    # scalar operands get zero strides, so the three operands share one layout
-    full = iter(strides)
-    strides_abo = [[0] * len(shape) if a_scalar else next(full), [0] * len(shape) if b_scalar else next(full),
-                   next(full)]
-    itemsizes = (1 if a_scalar else a.dtype.itemsize, 1 if b_scalar else b.dtype.itemsize, out.dtype.itemsize)
-    for p, sizes, (sa, sb, so), rank in _strided_launches(shape, strides_abo, ptrs, itemsizes):
-        launch = launcher.get(binary_strided, device, types + (itype,) * 16,
-                              (op, a_scalar, b_scalar, compute_tl, out_bool, rank, index64, BLOCK))
-        m = math.prod(sizes)
-        launch(_grid(m), 1, 1, stream, *p, *scalars, m, *sizes[1:], *sa, *sb, *so)
+def _scalar_type(dtype):
+    """How a Python number travels to a kernel computing in `dtype`."""
+    return ("fp64" if dtype is dtypes.float64 else "fp32") if dtype.is_floating_point else "i64"
+
+
+@functools.lru_cache(maxsize=4096)
+def fill_plan(dtype, shape, strides, device):
+    """run(stream, (ptr,), (value,)): t[...] = value, the value already a number of t's category (torch
+    converts fill values through float unless the tensor is double)."""
+    return _Plan(device, ("*" + dtype.triton,), (_scalar_type(dtype),), shape, [strides], [dtype.itemsize],
+                 fill_contiguous, fill_strided, (dtype is dtypes.bool_,))
+
+
+@functools.lru_cache(maxsize=4096)
+def copy_plan(src_dtype, dst_dtype, shape, src_strides, dst_strides, device):
+    """run(stream, (src_ptr, dst_ptr), ()): dst[...] = src cast to dst's dtype; src has dst's shape."""
+    return _Plan(device, ("*" + src_dtype.triton, "*" + dst_dtype.triton), (), shape, [src_strides, dst_strides],
+                 [src_dtype.itemsize, dst_dtype.itemsize], copy_contiguous, copy_strided,
+                 (dst_dtype is dtypes.bool_,))
+
+
+@functools.lru_cache(maxsize=4096)
+def binary_plan(op, a_dtype, b_dtype, out_dtype, shape, a_strides, b_strides, out_strides, compute, device):
+    """run(stream, (a_ptr, b_ptr, out_ptr), (a_scalar, b_scalar)): out[...] = a (op) b in `compute`.
+
+    A None dtype marks a Python-number operand: its pointer is 0 and its value travels as a kernel scalar
+    (zero strides, so the three operands share one layout)."""
+    scalar_type = _scalar_type(compute)
+    return _Plan(device,
+                 ("*i8" if a_dtype is None else "*" + a_dtype.triton, "*i8" if b_dtype is None else "*" + b_dtype.triton,
+                  "*" + out_dtype.triton), (scalar_type, scalar_type), shape,
+                 [a_strides, b_strides, out_strides],
+                 [1 if a_dtype is None else a_dtype.itemsize, 1 if b_dtype is None else b_dtype.itemsize,
+                  out_dtype.itemsize],
+                 binary_contiguous, binary_strided,
+                 (op, a_dtype is None, b_dtype is None, _TL_COMPUTE[compute.name], out_dtype is dtypes.bool_))

@@ -18,7 +18,7 @@ def _device(device):
 
 def _host_tensor(values, dtype):
     """A contiguous CPU tensor holding `values` (numpy) converted to `dtype`."""
-    host = np.ascontiguousarray(to_storage_values(values, dtype))
+    host = np.array(to_storage_values(values, dtype), order="C", copy=None)
     storage = UntypedStorage._from_array(host.reshape(-1).view(np.uint8))
     return Tensor(storage, tuple(host.shape), tuple(s // dtype.itemsize for s in host.strides) if host.size
                   else _contiguous(host.shape), 0, dtype)

@@ -121,6 +121,6 @@ def bf16_bits_to_f32(bits):
 
 def f32_to_bf16_bits(values):
     """Round float32 to bfloat16 bits, to nearest even; NaN stays a quiet NaN."""
-    u = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    u = np.asarray(values, np.float32).view(np.uint32)
     rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
     return np.where(np.isnan(values), 0x7FC0, rounded).astype(np.uint16)

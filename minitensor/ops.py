@@ -10,6 +10,8 @@ import numbers
 import numpy as np
 
 from . import dtypes
+from . import tensor as _tensor
+from .cuda.streams import current_stream_handle
 from .device import CPU
 
 _BINARY_NAMES = {"add": 0, "sub": 1, "mul": 2, "div": 3}
@@ -31,8 +33,14 @@ def kernels():
 
 
 def _stream(t):
-    from .cuda.streams import current_stream_handle
     return current_stream_handle(t.device.index)
+
+
+def _key(x):
+    """What an operand contributes to an op's signature: layout for a tensor, type for a number."""
+    if type(x) is _tensor.Tensor:
+        return x.dtype, x._shape, x._stride, x.device
+    return type(x)
 
 
 # ---------------------------------------------------------------------------------------------- host arrays
@@ -89,7 +97,7 @@ def _scalar_for(dtype, value):
 
 
 def fill_(t, value):
-    from .tensor import Tensor
+    Tensor = _tensor.Tensor
     if isinstance(value, Tensor):
         if value.dim() != 0:
             raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with "
@@ -98,8 +106,11 @@ def fill_(t, value):
     value = _scalar_for(t.dtype, value)
     if t.device.type == "cpu":
         numpy_view(t)[...] = to_storage_values(np.array(value), t.dtype)
+    elif t._shape and 0 in t._shape:
+        return
     else:
-        kernels().fill(t, value, _stream(t))
+        plan = kernels().fill_plan(t.dtype, t._shape, t._stride, t.device.index)
+        plan.run(_stream(t), (t.data_ptr(),), (value,))
 
 
 def broadcast_shapes(*shapes):
@@ -119,7 +130,7 @@ def broadcast_shapes(*shapes):
 
 def copy_(dst, src, non_blocking=False):
     """dst[...] = src, broadcasting src and casting to dst's dtype, between any two devices."""
-    from .tensor import Tensor
+    Tensor = _tensor.Tensor
     if not isinstance(src, Tensor):
         raise TypeError(f"copy_(): argument 'src' must be a Tensor, not {type(src).__name__}")
     if broadcast_shapes(dst._shape, src._shape) != dst._shape:
@@ -133,7 +144,8 @@ def copy_(dst, src, non_blocking=False):
     if dst.device.type == "cpu":
         numpy_view(dst)[...] = to_storage_values(numpy_values(src), dst.dtype)
     else:
-        kernels().copy(dst, src, _stream(dst))
+        plan = kernels().copy_plan(src.dtype, dst.dtype, dst._shape, src._stride, dst._stride, dst.device.index)
+        plan.run(_stream(dst), (src.data_ptr(), dst.data_ptr()), ())
 
 
 def _to_device(src, device, dtype):
@@ -141,7 +153,7 @@ def _to_device(src, device, dtype):
     transfer when it shrinks the data, after otherwise (the caller's copy casts)."""
     from . import cuda
     from .backends import active_driver
-    from .tensor import Tensor
+    Tensor = _tensor.Tensor
     if dtype.itemsize < src.dtype.itemsize:
         src = src.to(dtype)
     src = src.contiguous()
@@ -172,10 +184,24 @@ def _check_number(x):
     return x
 
 
+_binary_runs = {}  # signature -> run(a, b, out) for cuda ops already checked once
+
+
 def binary(name, a, b, out=None, alpha=1):
     """`a (op) b` with broadcasting, Python scalars and torch's promotion; into `out` when given (also the
-    in-place forms, where out is a)."""
-    from .tensor import Tensor
+    in-place forms, where out is a). Checks and typing run once per signature; later calls with the same
+    dtypes, shapes, strides and devices go straight to the kernel."""
+    key = None
+    if alpha == 1:
+        key = (name, _key(a), _key(b), None if out is None else _key(out))
+        run = _binary_runs.get(key)
+        if run is not None:
+            return run(a, b, out)
+    return _binary_checked(name, a, b, out, alpha, key)
+
+
+def _binary_checked(name, a, b, out, alpha, key):
+    Tensor = _tensor.Tensor
     op = _BINARY_NAMES[name]
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise TypeError(f"{name}(): expected at least one Tensor operand")
@@ -184,18 +210,15 @@ def binary(name, a, b, out=None, alpha=1):
     if alpha != 1:
         b = _apply_alpha(b, alpha, a)
     result = dtypes.result_type(a, b)
-    if op == 1 and result is dtypes.bool_ or op == 1 and any(
-            isinstance(x, Tensor) and x.dtype is dtypes.bool_ for x in (a, b)):
+    if op == 1 and (result is dtypes.bool_ or any(isinstance(x, bool) or _dtype_of(x) is dtypes.bool_
+                                                  for x in (a, b))):
         raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying "
                            "to invert a mask, use the `~` or `logical_not()` operator instead.")
     if op == 3 and not result.is_floating_point:
         result = dtypes.default_float
     device = _common_device(a, b, out)
     shape = broadcast_shapes(*(x._shape for x in (a, b) if isinstance(x, Tensor)))
-    if out is None:
-        from .tensor import Tensor as T
-        out = T._empty(shape, result, device)
-    else:
+    if out is not None:
         if not dtypes.can_cast(result, out.dtype):
             raise RuntimeError(f"result type {_TORCH_NAMES[result.name]} can't be cast to the desired output type "
                                f"{_TORCH_NAMES[out.dtype.name]}")
@@ -204,20 +227,62 @@ def binary(name, a, b, out=None, alpha=1):
                                f"{list(shape)}")
     if result is dtypes.bool_:
         op = {0: 4, 2: 5}.get(op, op)  # bool add is or, bool mul is and, as in torch
-    a = _operand(a, shape, device, result)
-    b = _operand(b, shape, device, result)
-    if out.numel() == 0:
-        return out
     compute = dtypes.float32 if result in (dtypes.float16, dtypes.bfloat16) else result
+    out_dtype = result if out is None else out.dtype
     if device.type == "cpu":
-        _binary_numpy(op, a, b, out, compute)
-    else:
-        kernels().binary(op, a, b, out, compute, _stream(out))
-    return out
+        if out is None:
+            out = Tensor._empty(shape, result, device)
+        if out.numel():
+            _binary_numpy(op, _operand(a, shape, device, result), _operand(b, shape, device, result), out, compute)
+        return out
+    run = _cuda_binary_run(op, a, b, shape, result, compute, out_dtype, device, out)
+    if key is not None and all(not isinstance(x, Tensor) or x.device == device for x in (a, b)):
+        _binary_runs[key] = run
+    return run(a, b, out)
+
+
+def _dtype_of(x):
+    return x.dtype if isinstance(x, _tensor.Tensor) else None
+
+
+def _cuda_binary_run(op, a, b, shape, result, compute, out_dtype, device, out):
+    """The checked-once fast path of a cuda binary op, for operands laid out as a, b and out are."""
+    Tensor = _tensor.Tensor
+    empty = math.prod(shape) == 0
+    out_strides = _tensor.contiguous_strides(shape) if out is None else out._stride
+    plan = None if empty else kernels().binary_plan(
+        op, _dtype_of(a) if isinstance(a, Tensor) and a.device == device else None,
+        _dtype_of(b) if isinstance(b, Tensor) and b.device == device else None, out_dtype, shape,
+        a.expand(shape)._stride if isinstance(a, Tensor) and a.device == device else None,
+        b.expand(shape)._stride if isinstance(b, Tensor) and b.device == device else None,
+        out_strides, compute, device.index)
+    index = device.index
+    nbytes = math.prod(shape) * out_dtype.itemsize
+    from .cuda import memory
+    from .storage import UntypedStorage
+    allocator = memory.allocator(index)
+
+    def operand(x):
+        """(pointer, scalar) of an operand: a device tensor by address, anything else by value."""
+        if isinstance(x, Tensor) and x.device == device:
+            return x.data_ptr(), 0
+        return 0, _scalar_for(result, x.item() if isinstance(x, Tensor) else x)
+
+    def run(a, b, out):
+        stream = current_stream_handle(index)
+        if out is None:
+            out = Tensor(UntypedStorage._allocate(nbytes, device, allocator, stream), shape, out_strides, 0,
+                         out_dtype)
+        if not empty:
+            pa, sa = operand(a)
+            pb, sb = operand(b)
+            plan.run(stream, (pa, pb, out.data_ptr()), (sa, sb))
+        return out
+    return run
 
 
 def _apply_alpha(b, alpha, a):
-    from .tensor import Tensor
+    Tensor = _tensor.Tensor
     kinds = [x.dtype for x in (a, b) if isinstance(x, Tensor)]
     if isinstance(alpha, float) and all(not k.is_floating_point for k in kinds):
         raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
@@ -226,7 +291,7 @@ def _apply_alpha(b, alpha, a):
 
 def _common_device(a, b, out):
     """The device the op runs on. A 0-d CPU tensor may join a cuda op, as in torch (it becomes a scalar)."""
-    from .tensor import Tensor
+    Tensor = _tensor.Tensor
     tensors = [x for x in (a, b, out) if isinstance(x, Tensor)]
     devices = {x.device for x in tensors if not (x.device.type == "cpu" and x.dim() == 0 and x is not out)}
     if not devices:
@@ -239,18 +304,14 @@ def _common_device(a, b, out):
 
 
 def _operand(x, shape, device, result):
-    """Tensors expanded to the output shape; 0-d CPU tensors on a cuda op and Python numbers become
-    scalars of the result's category."""
-    from .tensor import Tensor
-    if isinstance(x, Tensor):
-        if x.device == device:
-            return x.expand(shape)
-        x = x.item()
+    """Tensors expanded to the output shape; Python numbers become numbers of the result's category."""
+    if isinstance(x, _tensor.Tensor):
+        return x.expand(shape)
     return _scalar_for(result, x)
 
 
 def _binary_numpy(op, a, b, out, compute):
-    from .tensor import Tensor
+    Tensor = _tensor.Tensor
     np_compute = np.float32 if compute is dtypes.bfloat16 else compute.np
 
     def values(x):

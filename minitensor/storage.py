@@ -5,6 +5,8 @@ owns one allocator block and gives it back when the last reference goes.
 """
 import numpy as np
 
+from .cuda import memory
+from .cuda.streams import current_stream_handle
 from .device import CPU
 
 
@@ -23,10 +25,20 @@ class UntypedStorage:
         if device.type == "cpu":
             self._array = np.empty(nbytes, np.uint8)
         else:
-            from .cuda import memory
-            from .cuda.streams import current_stream_handle
             self._allocator = memory.allocator(device.index)
             self._block = self._allocator.alloc(nbytes, current_stream_handle(device.index))
+
+    @classmethod
+    def _allocate(cls, nbytes, device, allocator, stream):
+        """A cuda storage from `allocator` (the device's) on `stream`: the per-op fast path."""
+        storage = cls.__new__(cls)
+        storage.device = device
+        storage._nbytes = nbytes
+        storage._array = None
+        storage._block = allocator.alloc(nbytes, stream)
+        storage._allocator = allocator
+        storage._owner = None
+        return storage
 
     @classmethod
     def _from_array(cls, array, owner=None):

@@ -384,12 +384,31 @@ class Tensor:
 
     # ------------------------------------------------------------------ copies and conversions
     def contiguous(self):
-        return self if self.is_contiguous() else self.clone()
-
-    def clone(self):
+        if self.is_contiguous():
+            return self
         out = Tensor._empty(self._shape, self.dtype, self.device)
         ops.copy_(out, self)
         return out
+
+    def clone(self):
+        """A copy with the same strides when self is dense and non-overlapping (a permutation of a
+        contiguous layout, like a transpose), else contiguous: torch's preserve_format."""
+        out = Tensor._empty(self._shape, self.dtype, self.device)
+        if not self.is_contiguous() and self._is_dense():
+            out = Tensor(out._storage, self._shape, self._stride, 0, self.dtype)
+        ops.copy_(out, self)
+        return out
+
+    def _is_dense(self):
+        """True when the layout is a permutation of a contiguous one: it covers exactly numel() elements
+        from offset 0, so a fresh buffer can take the same strides."""
+        dims = sorted((d for d in range(len(self._shape)) if self._shape[d] != 1), key=lambda d: self._stride[d])
+        expected = 1
+        for d in dims:
+            if self._stride[d] != expected:
+                return False
+            expected *= self._shape[d]
+        return True
 
     def copy_(self, src, non_blocking=False):
         ops.copy_(self, src, non_blocking)

@@ -38,22 +38,27 @@ def rand_np(rng, shape, name):
     """Random data for dtype `name` (bfloat16: float32 values that are exact in bfloat16)."""
     shape = tuple(shape)
     if name == "bool":
-        return rng.random(shape) < 0.5
+        return np.asarray(rng.random(shape) < 0.5)
     if name in INTS:
         info = np.iinfo(NP[name])
-        return rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=NP[name])
-    v = rng.standard_normal(shape) * 8
+        return np.asarray(rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=NP[name]))
+    v = np.asarray(rng.standard_normal(shape) * 8)
     if name == "bfloat16":
         return bf16_round(v.astype(np.float32))
     return v.astype(NP[name])
 
 
 def make(rng, shape, name, device):
+    """A random tensor and its numpy twin. 0-d tensors are made as a view of a 1-element tensor, so
+    that the view tests do not depend on `mt.tensor(<0-d data>)` (checked by the factory tests)."""
     a = rand_np(rng, shape, name)
+    src = a.reshape(1) if a.ndim == 0 else a
     if name == "bfloat16":
-        t = mt.tensor(a, dtype=mt.bfloat16, device=device)
+        t = mt.tensor(src, dtype=mt.bfloat16, device=device)
     else:
-        t = mt.tensor(a, device=device)
+        t = mt.tensor(src, device=device)
+    if a.ndim == 0:
+        t = t.view(())
     return t, a
 
 
