@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 pip_rc=${PIPESTATUS[0]}
 
 # A hung test must not eat the bench's time: the device tool stops a command after 10 minutes.
-timeout "${PYTEST_TIMEOUT_S:-300}" "$PY" -m pytest -q -x tests 2>&1 | tee "$OUT/pytest.log"
+timeout "${PYTEST_TIMEOUT_S:-300}" "$PY" -m pytest -q --maxfail=50 -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
 pytest_rc=${PIPESTATUS[0]}
 
 rm -f "$OUT/bench.json"

@@ -49,8 +49,8 @@ def tensor(data, dtype=None, device=None, pin_memory=False, requires_grad=False)
     device = _device(device)
     if isinstance(data, Tensor):
         return data.to(device=device, dtype=dtype or data.dtype, copy=True)
-    if isinstance(data, np.ndarray):
-        array = data
+    if isinstance(data, (np.ndarray, np.generic)):  # numpy scalars keep their dtype, as in torch
+        array = np.asarray(data)
         inferred = dtypes.from_numpy(array.dtype)
     else:
         array = _nested_to_numpy(data)

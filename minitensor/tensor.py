@@ -147,6 +147,8 @@ class Tensor:
         return self._storage
 
     def is_contiguous(self):
+        if 0 in self._shape:
+            return True
         expected = 1
         for size, stride in zip(reversed(self._shape), reversed(self._stride)):
             if size != 1 and stride != expected:
@@ -490,10 +492,15 @@ class Tensor:
         return bool(self.item())
 
     def __int__(self):
-        return int(self.item())
+        return int(self._only_element())
 
     def __float__(self):
-        return float(self.item())
+        return float(self._only_element())
+
+    def _only_element(self):
+        if self.numel() != 1:
+            raise ValueError("only one element tensors can be converted to Python scalars")
+        return self.item()
 
     def __index__(self):
         if self.dtype.is_floating_point or self.dtype is dtypes.bool_ or self.numel() != 1:

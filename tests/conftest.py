@@ -2,15 +2,9 @@
 
 With no MINITENSOR_BACKEND set, a machine without a GPU uses the simulator; say so once, not per test.
 """
-import os
-import warnings
-
 import pytest
 
-if "MINITENSOR_BACKEND" not in os.environ:
-    warnings.filterwarnings("ignore", message="minitensor: no usable NVIDIA GPU")
-
-import minitensor as mt  # noqa: E402
+import minitensor as mt
 
 DEVICES = ["cpu", "cuda"]
 
@@ -18,6 +12,10 @@ DEVICES = ["cpu", "cuda"]
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
+
+
+def pytest_configure(config):
+    config.addinivalue_line("filterwarnings", "ignore:minitensor. no usable NVIDIA GPU")
 
 
 def pytest_report_header(config):

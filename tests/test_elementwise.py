@@ -332,6 +332,17 @@ def test_fill_noncontiguous_leaves_rest(name):
     check(t2, exp2, name)
 
 
+@pytest.mark.parametrize("name", FLOATS)
+def test_fill_nonfinite(name):
+    t = mt.zeros(3, 3, dtype=D(name), device=DEV)
+    t[0].fill_(float("nan"))
+    t[1].fill_(float("-inf"))
+    t[2].fill_(float("inf"))
+    got = to_np(t)
+    assert np.isnan(got[0]).all()
+    assert (got[1] == -np.inf).all() and (got[2] == np.inf).all()
+
+
 def test_fill_float_value_into_int_truncates():
     # torch converts the scalar like a C cast: 2.7 -> 2, -2.7 -> -2
     t = mk(np.arange(6, dtype=np.int32), "int32")

@@ -197,8 +197,14 @@ class NvidiaDriver(Driver):
         from ..kernels import compat
         self.set_device(device)
         props = self.properties(device)
-        return compat.compile_cuda(kernel, signature, constexprs, aligned, props.major * 10 + props.minor,
-                                   num_warps)
+        launch = compat.compile_cuda(kernel, signature, constexprs, aligned, props.major * 10 + props.minor,
+                                     num_warps)
+        set_device = self.set_device
+
+        def launch_on_device(gx, gy, gz, stream, *args):
+            set_device(device)  # the module lives in this device's context; cheap when already current
+            launch(gx, gy, gz, stream, *args)
+        return launch_on_device
 
     def _activate_triton(self):
         """Install a Triton driver that asks us, not torch, for devices, streams and capabilities."""

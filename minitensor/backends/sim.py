@@ -285,16 +285,18 @@ class SimDriver(Driver):
             s.enqueue(lambda: ctypes.memmove(dst, src, nbytes))
 
     # ------------------------------------------------------------------ streams
+    def _default_stream(self, device):
+        stream = self._default_streams[device]
+        if stream is None:
+            with self._lock:
+                if self._default_streams[device] is None:
+                    self._default_streams[device] = _Stream(self, device)
+                stream = self._default_streams[device]
+        return stream
+
     def _stream(self, handle):
         if handle == 0:
-            device = self.current_device()
-            stream = self._default_streams[device]
-            if stream is None:
-                with self._lock:
-                    if self._default_streams[device] is None:
-                        self._default_streams[device] = _Stream(self, device)
-                    stream = self._default_streams[device]
-            return stream
+            return self._default_stream(self.current_device())
         try:
             return self._streams[handle]
         except KeyError:
@@ -389,7 +391,9 @@ class SimDriver(Driver):
             def run():
                 with _INTERPRETER_LOCK:
                     kernel[(gx, gy, gz)](*args)
-            self._stream(stream).enqueue(run)
+            # handle 0 is the default stream of the kernel's device, whichever device is current
+            queue = self._streams[stream] if stream else self._default_stream(device)
+            queue.enqueue(run)
         return launch
 
     # ------------------------------------------------------------------ test helpers
