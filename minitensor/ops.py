@@ -39,7 +39,7 @@ def _stream(t):
 def _key(x):
     """What an operand contributes to an op's signature: layout for a tensor, type for a number."""
     if type(x) is _tensor.Tensor:
-        return x.dtype, x._shape, x._stride, x.device
+        return x.dtype, x._shape, x._stride, x.device.index  # index is None for the CPU
     return type(x)
 
 
@@ -267,6 +267,19 @@ def _cuda_binary_run(op, a, b, shape, result, compute, out_dtype, device, out):
         if isinstance(x, Tensor) and x.device == device:
             return x.data_ptr(), 0
         return 0, _scalar_for(result, x.item() if isinstance(x, Tensor) else x)
+
+    if not empty and out is None and all(isinstance(x, Tensor) and x.device == device for x in (a, b)):
+        # the common case, two device tensors into a new output, without the generic operand handling
+        a_size, b_size = a.dtype.itemsize, b.dtype.itemsize
+        plan_run = plan.run
+
+        def run_tensors(a, b, out):
+            stream = current_stream_handle(index)
+            storage = UntypedStorage._allocate(nbytes, device, allocator, stream)
+            plan_run(stream, (a._storage._block.ptr + a._offset * a_size, b._storage._block.ptr + b._offset * b_size,
+                              storage._block.ptr), (0, 0))
+            return Tensor(storage, shape, out_strides, 0, out_dtype)
+        return run_tensors
 
     def run(a, b, out):
         stream = current_stream_handle(index)

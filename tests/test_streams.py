@@ -323,6 +323,8 @@ def test_sleep_keeps_stream_busy():
 
 def test_sleep_on_side_stream_leaves_default_idle():
     s = mt.cuda.Stream()
+    full(101, 1.0).add_(1.0)       # warm-up: a first launch may compile (slow on a GPU)
+    mt.cuda.synchronize()
     with mt.cuda.stream(s):
         mt.cuda.sleep(200)
     assert not s.query()
@@ -342,10 +344,14 @@ def _ordered_by(kind):
     s1, s2 = mt.cuda.Stream(), mt.cuda.Stream()
     x = full(1001, -1.0)
     y = full(1001, -2.0)
+    x.fill_(7.0)                   # warm-up: a first launch may compile (slow on a GPU)
+    y.copy_(x)
+    x.fill_(-1.0)
+    y.fill_(-2.0)
     mt.cuda.synchronize()
     t0 = time.perf_counter()
     with mt.cuda.stream(s1):
-        mt.cuda.sleep(150)
+        mt.cuda.sleep(200)
         x.fill_(7.0)
         e = s1.record_event()
     if kind == "wait_event":
@@ -358,7 +364,7 @@ def _ordered_by(kind):
         y.copy_(x)
     assert not s2.query()
     s2.synchronize()
-    assert time.perf_counter() - t0 >= 0.14
+    assert time.perf_counter() - t0 >= 0.19
     assert e.query() and s1.query()
     assert np.all(values(y) == 7.0)
 
@@ -372,6 +378,9 @@ def test_event_wait_defaults_to_current_stream():
     s1 = mt.cuda.Stream()
     x = full(77, 0.0)
     y = full(77, 1.0)
+    y.copy_(x)                     # warm-up: a first launch may compile (slow on a GPU)
+    x.fill_(0.0)
+    y.fill_(1.0)
     mt.cuda.synchronize()
     with mt.cuda.stream(s1):
         mt.cuda.sleep(150)
