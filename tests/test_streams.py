@@ -729,20 +729,23 @@ def test_multiple_sim_devices():
 
 
 def test_uncaught_exception_exits_cleanly():
-    """A script that dies of an ordinary exception after queueing device work exits with status 1
-    and a Python traceback, not an abort from the engine at interpreter shutdown."""
+    """A script that dies of an ordinary exception while device work is still queued exits with
+    status 1 and a Python traceback, not an abort from an engine thread at interpreter shutdown.
+    (The race, when present, does not hit every run: three runs.)"""
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("MINITENSOR_BACKEND", mt.cuda.backend())
     code = textwrap.dedent("""
+        import sys
         import minitensor as mt
         t = mt.tensor([1.0, 2.0, 3.0], device="cuda")
-        u = t + 1
-        mt.cuda.sleep(50)
+        for _ in range(int(sys.argv[1])):
+            t.add_(1.0)
         raise ValueError("boom from the test")
     """)
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 1, f"rc={p.returncode}\n{p.stderr[-2000:]}"
-    assert "ValueError: boom from the test" in p.stderr
-    assert "terminate called" not in p.stderr
+    for n in (3, 5, 20):
+        p = subprocess.run([sys.executable, "-c", code, str(n)], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 1, f"rc={p.returncode}\n{p.stderr[-2000:]}"
+        assert "ValueError: boom from the test" in p.stderr
+        assert "terminate called" not in p.stderr

@@ -7,6 +7,7 @@ it returns: `query()` is False while work is pending, events complete when the s
 cross-stream waits block only the waiting stream. Work that raises on a worker is kept and raised by the
 next synchronising call on that device, never dropped.
 """
+import atexit
 import collections
 import ctypes
 import hashlib
@@ -101,6 +102,8 @@ class _Stream:
         self.cond = threading.Condition()
         self.enqueued = 0
         self.completed = 0
+        self.running = False
+        self.closed = False
         threading.Thread(target=self._run, daemon=True, name=f"minitensor-sim-stream-{device}").start()
 
     def enqueue(self, work):
@@ -112,17 +115,30 @@ class _Stream:
     def _run(self):
         while True:
             with self.cond:
-                while not self.items:
+                while not self.items and not self.closed:
                     self.cond.wait()
+                if self.closed:
+                    return
                 work = self.items[0]
+                self.running = True
             try:
                 work()
             except BaseException as e:  # kept for the next synchronising call
                 self.driver._record_error(self.device, e)
             with self.cond:
+                self.running = False
                 self.items.popleft()
                 self.completed += 1
                 self.cond.notify_all()
+
+    def close(self):
+        """Stop after the running item (at interpreter exit: a worker still inside Triton's interpreter
+        while Python finalises would abort the process)."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+            while self.running:
+                self.cond.wait()
 
     def idle(self):
         with self.cond:
@@ -177,6 +193,12 @@ class SimDriver(Driver):
         self._errors = [[] for _ in range(count)]
         self._host = {}  # host_alloc'd address -> mmap
         self._registered = {}  # host_register'd address -> nbytes
+        atexit.register(self._close_streams)
+
+    def _close_streams(self):
+        for device in range(self._count):
+            for stream in self._device_streams(device):
+                stream.close()
 
     # ------------------------------------------------------------------ devices
     def device_count(self):
