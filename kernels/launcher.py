@@ -13,12 +13,6 @@ _compiled = {}
 _lock = threading.Lock()
 
 
-def aligned_indices(values, pointer_positions, int_positions=()):
-    """Positions of pointer arguments that are 16-byte aligned and int arguments divisible by 16."""
-    return tuple(i for i in pointer_positions if values[i] % 16 == 0) + \
-        tuple(i for i in int_positions if values[i] % 16 == 0)
-
-
 def get(kernel, device, types, constexprs, aligned=(), num_warps=4):
     """The launch function `launch(gx, gy, gz, stream, *args)` of `kernel` for this signature.
 

@@ -11,8 +11,10 @@ import numpy as np
 
 from . import dtypes
 from . import tensor as _tensor
+from .cuda import memory
 from .cuda.streams import current_stream_handle
 from .device import CPU
+from .storage import UntypedStorage
 
 _BINARY_NAMES = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 _NUMPY_BINARY = {0: np.add, 1: np.subtract, 2: np.multiply, 3: np.true_divide, 4: np.logical_or,
@@ -106,7 +108,7 @@ def fill_(t, value):
     value = _scalar_for(t.dtype, value)
     if t.device.type == "cpu":
         numpy_view(t)[...] = to_storage_values(np.array(value), t.dtype)
-    elif t._shape and 0 in t._shape:
+    elif 0 in t._shape:
         return
     else:
         plan = kernels().fill_plan(t.dtype, t._shape, t._stride, t.device.index)
@@ -233,7 +235,7 @@ def _binary_checked(name, a, b, out, alpha, key):
         if out is None:
             out = Tensor._empty(shape, result, device)
         if out.numel():
-            _binary_numpy(op, _operand(a, shape, device, result), _operand(b, shape, device, result), out, compute)
+            _binary_numpy(op, _operand(a, shape, result), _operand(b, shape, result), out, compute)
         return out
     run = _cuda_binary_run(op, a, b, shape, result, compute, out_dtype, device, out)
     if key is not None and all(not isinstance(x, Tensor) or x.device == device for x in (a, b)):
@@ -248,27 +250,26 @@ def _dtype_of(x):
 def _cuda_binary_run(op, a, b, shape, result, compute, out_dtype, device, out):
     """The checked-once fast path of a cuda binary op, for operands laid out as a, b and out are."""
     Tensor = _tensor.Tensor
+
+    def on_device(x):
+        return isinstance(x, Tensor) and x.device == device
     empty = math.prod(shape) == 0
     out_strides = _tensor.contiguous_strides(shape) if out is None else out._stride
     plan = None if empty else kernels().binary_plan(
-        op, _dtype_of(a) if isinstance(a, Tensor) and a.device == device else None,
-        _dtype_of(b) if isinstance(b, Tensor) and b.device == device else None, out_dtype, shape,
-        a.expand(shape)._stride if isinstance(a, Tensor) and a.device == device else None,
-        b.expand(shape)._stride if isinstance(b, Tensor) and b.device == device else None,
+        op, a.dtype if on_device(a) else None, b.dtype if on_device(b) else None, out_dtype, shape,
+        a.expand(shape)._stride if on_device(a) else None, b.expand(shape)._stride if on_device(b) else None,
         out_strides, compute, device.index)
     index = device.index
     nbytes = math.prod(shape) * out_dtype.itemsize
-    from .cuda import memory
-    from .storage import UntypedStorage
     allocator = memory.allocator(index)
 
     def operand(x):
         """(pointer, scalar) of an operand: a device tensor by address, anything else by value."""
-        if isinstance(x, Tensor) and x.device == device:
+        if on_device(x):
             return x.data_ptr(), 0
         return 0, _scalar_for(result, x.item() if isinstance(x, Tensor) else x)
 
-    if not empty and out is None and all(isinstance(x, Tensor) and x.device == device for x in (a, b)):
+    if not empty and out is None and on_device(a) and on_device(b):
         # the common case, two device tensors into a new output, without the generic operand handling
         a_size, b_size = a.dtype.itemsize, b.dtype.itemsize
         plan_run = plan.run
@@ -316,7 +317,7 @@ def _common_device(a, b, out):
     return devices.pop()
 
 
-def _operand(x, shape, device, result):
+def _operand(x, shape, result):
     """Tensors expanded to the output shape; Python numbers become numbers of the result's category."""
     if isinstance(x, _tensor.Tensor):
         return x.expand(shape)

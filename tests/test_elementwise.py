@@ -718,6 +718,14 @@ class Failures:
         assert not self.items, f"{len(self.items)} failing case(s):\n" + "\n".join(self.items)
 
 
+def check_every_op(case, *args):
+    """Run `case(op, *args)` for each of + - * / and report every failing op."""
+    f = Failures()
+    for op in OPS:
+        f.run(op, case, op, *args)
+    f.check()
+
+
 def expect_raises(exc_type, fn, *args):
     try:
         fn(*args)
@@ -738,10 +746,7 @@ def _binary_pair_case(op, an, bn):
 
 @pytest.mark.parametrize("an,bn", PAIRS)
 def test_binary_every_dtype_pair(an, bn):
-    f = Failures()
-    for op in OPS:
-        f.run(op, _binary_pair_case, op, an, bn)
-    f.check()
+    check_every_op(_binary_pair_case, an, bn)
 
 
 def _inplace_pair_case(op, an, bn):
@@ -892,10 +897,7 @@ def test_mixed_devices_raise():
                                              ((2, 1, 1, 3), (1, 5, 1)), ((), (3, 2)), ((0, 3), (3,)),
                                              ((0,), ()), ((3, 0), (1, 1))])
 def test_broadcast_shapes(a_shape, b_shape):
-    f = Failures()
-    for op in OPS:
-        f.run(op, _broadcast_case, op, a_shape, b_shape)
-    f.check()
+    check_every_op(_broadcast_case, a_shape, b_shape)
 
 
 def _broadcast_case(op, a_shape, b_shape):

@@ -316,9 +316,10 @@ class SimDriver(Driver):
                 stream = self._default_streams[device]
         return stream
 
-    def _stream(self, handle):
+    def _stream(self, handle, device=None):
+        """The queue behind a handle; 0 is the default stream of `device`, or of the current device."""
         if handle == 0:
-            return self._default_stream(self.current_device())
+            return self._default_stream(self.current_device() if device is None else device)
         try:
             return self._streams[handle]
         except KeyError:
@@ -413,9 +414,7 @@ class SimDriver(Driver):
             def run():
                 with _INTERPRETER_LOCK:
                     kernel[(gx, gy, gz)](*args)
-            # handle 0 is the default stream of the kernel's device, whichever device is current
-            queue = self._streams[stream] if stream else self._default_stream(device)
-            queue.enqueue(run)
+            self._stream(stream, device).enqueue(run)  # handle 0: the kernel's device's default stream
         return launch
 
     # ------------------------------------------------------------------ test helpers
