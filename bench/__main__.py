@@ -8,7 +8,7 @@ import platform
 import sys
 from dataclasses import dataclass
 
-from bench import frameworks, report, startup
+from bench import allocator, copies, frameworks, report, serialization, startup
 from bench.cases import CASES, DEVICE, HOST
 from bench.startup import STARTUP_CASES
 from bench.targets import evaluate
@@ -121,6 +121,8 @@ def print_results(info, rows, verdicts, sim):
     print(report.RATIO_HELP)
     sections = [
         (HOST, report.host_section), (DEVICE, report.device_section), ("startup", report.startup_section),
+        (serialization.KIND, serialization.section), (allocator.KIND, allocator.section),
+        (copies.KIND, copies.section),
     ]
     for kind, section in sections:
         selected = [r for r in rows if r["kind"] == kind]
@@ -158,6 +160,10 @@ def main(argv=None):
 
     rows = [run_case(c, fws, cfg) for c in CASES if _selected(c.key, c.name, args.only)]
     rows += [run_startup(k, fws, cfg) for k, name in STARTUP_CASES.items() if _selected(k, name, args.only)]
+    rows += [_with_ratios(r) for r in serialization.run(fws, sim, 1 if sim or args.quick else 3,
+                                                         lambda k, n: _selected(k, n, args.only), _new_row)]
+    rows += allocator.run(fws, sim, lambda k, n: _selected(k, n, args.only), _new_row)
+    rows += copies.run(fws, sim, lambda k, n: _selected(k, n, args.only), _new_row)
     verdicts = evaluate({r["key"]: r for r in rows}, sim)
     info = meta(mt_fw.module, fws, args, cfg)
 

@@ -2,6 +2,7 @@
 # One command for a GPU machine, run from the repo root: install, run the tests on the real GPU,
 # then the benchmark, and end with a short summary. A test failure is reported; the bench still runs.
 # Logs and bench.json go to $OUT (the device tool's output folder), or to a temporary folder.
+# $TESTS narrows the test run (default: tests).
 set -u
 export PYTHONUNBUFFERED=1
 export MINITENSOR_BACKEND=nvidia
@@ -13,7 +14,7 @@ mkdir -p "$OUT"
 pip_rc=${PIPESTATUS[0]}
 
 # A hung test must not eat the bench's time: the device tool stops a command after 10 minutes.
-timeout "${PYTEST_TIMEOUT_S:-300}" "$PY" -m pytest -q --maxfail=50 -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log"
+timeout "${PYTEST_TIMEOUT_S:-300}" "$PY" -m pytest -q --maxfail=50 -p no:cacheprovider ${TESTS:-tests} 2>&1 | tee "$OUT/pytest.log"
 pytest_rc=${PIPESTATUS[0]}
 
 rm -f "$OUT/bench.json"

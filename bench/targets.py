@@ -6,6 +6,8 @@
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from bench.allocator import TRACES
+
 
 def _time(rows, key, fw):
     row = rows.get(key)
@@ -46,6 +48,23 @@ def _value(key):
     return lambda rows: _time(rows, key, "minitensor")
 
 
+def _over_mt(key, baseline):
+    """Speed ratio baseline_time / minitensor_time for any baseline of a row (e.g. "torch_mmap")."""
+    def measure(rows):
+        mt, other = _time(rows, key, "minitensor"), _time(rows, key, baseline)
+        return other / mt if mt and other else None
+    return measure
+
+
+def _peak_vs_torch(key):
+    """minitensor's peak reserved bytes on an allocation trace as a fraction of torch's (lower is better)."""
+    def measure(rows):
+        peaks = rows[key]["peak_reserved"] if key in rows else {}
+        mt, torch = peaks.get("minitensor"), peaks.get("torch")
+        return mt / torch if mt and torch else None
+    return measure
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -62,16 +81,62 @@ TARGETS = [
            _mt_over_torch("host.add"), lambda v: v <= 0.80, "{:.2f}x torch time"),
     Target("host add(out=), 1K", "host.add_out", "<= 0.80x torch time",
            _mt_over_torch("host.add_out"), lambda v: v <= 0.80, "{:.2f}x torch time"),
+    Target("host exp(a), 1K", "host.exp", "<= 0.80x torch time",
+           _mt_over_torch("host.exp"), lambda v: v <= 0.80, "{:.2f}x torch time"),
+    Target("host a < b, 1K", "host.lt", "<= 0.80x torch time",
+           _mt_over_torch("host.lt"), lambda v: v <= 0.80, "{:.2f}x torch time"),
+    Target("host where, 1K", "host.where", "<= 0.80x torch time",
+           _mt_over_torch("host.where"), lambda v: v <= 0.80, "{:.2f}x torch time"),
+    Target("exp 2^28 vs torch", "device.exp_out", ">= 0.97x torch speed",
+           _torch_over_mt("device.exp_out"), lambda v: v >= 0.97, "{:.3f}x torch speed"),
+    Target("broadcast add 16384^2 vs torch", "device.broadcast_add", ">= 0.95x torch speed",
+           _torch_over_mt("device.broadcast_add"), lambda v: v >= 0.95, "{:.3f}x torch speed"),
     Target("add 2^28 vs torch", "device.add_out", ">= 0.97x torch speed",
            _torch_over_mt("device.add_out"), lambda v: v >= 0.97, "{:.3f}x torch speed"),
     Target("add 2^28 vs D2D copy", "device.add_out", ">= 0.90 of copy GB/s",
            add_vs_copy, lambda v: v >= 0.90, "{:.3f} of copy GB/s", gpu_only=True),
+    Target("host uniform_, 1K", "host.uniform_", "<= 0.80x torch time",
+           _mt_over_torch("host.uniform_"), lambda v: v <= 0.80, "{:.2f}x torch time"),
+    Target("uniform_ 2^28 vs torch", "device.uniform_", ">= 0.95x torch speed",
+           _torch_over_mt("device.uniform_"), lambda v: v >= 0.95, "{:.3f}x torch speed"),
+    Target("host sum, 1K", "host.sum", "<= 0.80x torch time",
+           _mt_over_torch("host.sum"), lambda v: v <= 0.80, "{:.2f}x torch time"),
+    Target("sum 2^28 vs torch", "device.sum", ">= 0.90x torch speed",
+           _torch_over_mt("device.sum"), lambda v: v >= 0.90, "{:.3f}x torch speed"),
+    Target("host gather, 1K", "host.gather", "<= 0.80x torch time",
+           _mt_over_torch("host.gather"), lambda v: v <= 0.80, "{:.2f}x torch time"),
+    Target("gather 2^28 random vs torch", "device.gather", ">= 1.0x torch speed",
+           _torch_over_mt("device.gather"), lambda v: v >= 1.0, "{:.3f}x torch speed"),
     Target("transpose 8192^2 vs torch", "device.transpose", ">= 0.90x torch speed",
            _torch_over_mt("device.transpose"), lambda v: v >= 0.90, "{:.3f}x torch speed"),
     Target("import minitensor", "startup.import", "<= 0.30 s",
            _value("startup.import"), lambda v: v <= 0.30, "{:.3f} s"),
     Target("first op, fresh process", "startup.first_op", "<= 0.20 s",
            _value("startup.first_op"), lambda v: v <= 0.20, "{:.3f} s"),
+    Target("save 1 GiB cuda vs torch.save", "io.save_cuda", ">= 5x torch speed",
+           _torch_over_mt("io.save_cuda"), lambda v: v >= 5.0, "{:.2f}x torch speed", gpu_only=True),
+    Target("load 1 GiB to cuda vs torch.load", "io.load_cuda", ">= 5x torch speed",
+           _torch_over_mt("io.load_cuda"), lambda v: v >= 5.0, "{:.2f}x torch speed", gpu_only=True),
+    Target("load 1 GiB to cuda vs torch mmap", "io.load_cuda", ">= 1x torch.load(mmap=True)",
+           _over_mt("io.load_cuda", "torch_mmap"), lambda v: v >= 1.0, "{:.2f}x torch mmap speed", gpu_only=True),
+    Target("save 1 GiB CPU tensor vs torch", "io.save_cpu", ">= 1.0x torch speed",
+           _torch_over_mt("io.save_cpu"), lambda v: v >= 1.0, "{:.2f}x torch speed"),
+    Target("load 1 GiB CPU tensor vs torch", "io.load_cpu", ">= 1.0x torch speed",
+           _torch_over_mt("io.load_cpu"), lambda v: v >= 1.0, "{:.2f}x torch speed"),
+    Target("alloc+delete 4 KiB (cache hit)", "host.alloc_pair", "<= 1.0 us",
+           _value("host.alloc_pair"), lambda v: v <= 1.0, "{:.2f} us", gpu_only=True),
+    Target("empty(4096) + del", "host.empty_del", "<= 0.80x torch time",
+           _mt_over_torch("host.empty_del"), lambda v: v <= 0.80, "{:.2f}x torch time"),
+    Target("pinned empty(1 MiB) + del", "host.pinned_empty_del", "<= 1.5 us",
+           _value("host.pinned_empty_del"), lambda v: v <= 1.5, "{:.2f} us", gpu_only=True),
+    Target("H2D 256 MiB pinned vs raw", "copy.h2d_pinned", ">= 0.95x raw cuMemcpyHtoDAsync",
+           _over_mt("copy.h2d_pinned", "raw"), lambda v: v >= 0.95, "{:.3f}x raw speed", gpu_only=True),
+    Target("D2H 256 MiB pinned vs raw", "copy.d2h_pinned", ">= 0.95x raw cuMemcpyDtoHAsync",
+           _over_mt("copy.d2h_pinned", "raw"), lambda v: v >= 0.95, "{:.3f}x raw speed", gpu_only=True),
+    Target("H2D 256 MiB pageable vs torch .cuda()", "copy.h2d_pageable", ">= 1.0x torch speed (aim 2x)",
+           _torch_over_mt("copy.h2d_pageable"), lambda v: v >= 1.0, "{:.2f}x torch speed", gpu_only=True),
+    *(Target(f"peak reserved: {t.name}", t.key, "<= torch's", _peak_vs_torch(t.key), lambda v: v <= 1.0,
+             "{:.3f}x torch's") for t in TRACES),
 ]
 
 

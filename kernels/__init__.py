@@ -1,5 +1,12 @@
-"""Triton kernels and the launcher that compiles them once per signature.
+"""Triton kernels and the launch path that compiles, caches and launches them.
 
-Importing a module here imports Triton and picks the backend (compiled for the GPU, interpreted on the
-simulated device), so minitensor imports these lazily, at the first operation that needs them.
+- kernel modules (`elementwise`, `reduce`, `index`, `random`, `timing`): the @triton.jit functions; importing
+  one imports Triton.
+- plan modules (`plans`, `reduce_plans`, `index_plans`, `random_plans`): how an op's operands become launches of
+  those kernels, worked out once per signature.
+- `launcher`: compiled kernels per signature, from memory, the disk cache or a compile; `compat` holds every
+  Triton-version detail, `native` and `_launch.c` the C launcher, `diskcache` the files.
+
+A warm process touches only plans, launcher and the C launcher: Triton is imported when a kernel must be
+compiled (or interpreted, on the simulated device).
 """

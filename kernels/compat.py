@@ -6,8 +6,12 @@ interpreter internals used here exist unchanged through 3.9).
 - the interpreter's argument conventions: pointer arguments are objects with `data_ptr()` and a dtype
   name, and scalars are wrapped with the type the compiled kernel's signature gives them, so index
   arithmetic overflows (or not) exactly as on the GPU.
-- `compile_cuda`: `triton.compile` with explicit divisibility attributes and a raw-launch closure that
-  skips JITFunction.run and the Python launcher wrapper.
+- `compile_cuda`: `triton.compile` with explicit divisibility attributes, returning the cubin and what
+  minitensor's own launcher needs to call it.
+- `narrow`: float32 to bfloat16 rounded to nearest even in the interpreter too.
+- `libdevice`: Triton's on the GPU; numpy stand-ins for the few functions used, in the interpreter.
+- `dtype`: a Triton type from its name inside a kernel, so host code passes type names as constexprs without
+  importing Triton.
 """
 import numpy as np
 import triton
@@ -15,15 +19,67 @@ import triton.language as tl
 
 from minitensor.backends import active_driver
 
-INTERPRETED = active_driver().name == "sim"
+INTERPRETED = active_driver().interprets_kernels
 
 if INTERPRETED:
     from triton.runtime.interpreter import InterpretedFunction, TensorHandle
 
     def jit(fn):
         return InterpretedFunction(fn)
+
+    class libdevice:
+        """The libdevice functions minitensor's kernels use, as numpy: the interpreter cannot call libdevice."""
+
+        @staticmethod
+        def _apply(function, *args):
+            shaped = max(args, key=lambda a: a.handle.data.ndim)  # a scalar operand broadcasts against a block
+            with np.errstate(all="ignore"):
+                data = function(*(a.handle.data for a in args)).astype(shaped.handle.data.dtype)
+            return tl.core.tensor(TensorHandle(data, shaped.handle.dtype), shaped.type)
+
+        @staticmethod
+        def pow(x, y):
+            return libdevice._apply(np.power, x, y)
+
+        @staticmethod
+        def tanh(x):
+            return libdevice._apply(np.tanh, x)
+
+        @staticmethod
+        def rint(x):
+            return libdevice._apply(np.rint, x)
 else:
+    from triton.language.extra import libdevice
+
     jit = triton.jit
+
+
+if INTERPRETED:
+    @jit
+    def narrow(x, ty):
+        """float32 `x` converted to `ty`, bfloat16 rounded to nearest even as the GPU rounds: the interpreter's
+        own float32 -> bfloat16 truncates, so here the rounding is done on the bits."""
+        if ty == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+            x = tl.where(x != x, x, rounded)  # nan stays nan
+        return x.to(ty)
+else:
+    @jit
+    def narrow(x, ty):
+        """float32 `x` converted to `ty` (the GPU rounds bfloat16 to nearest even itself)."""
+        return x.to(ty)
+
+
+_TYPES = {"i1": tl.int1, "u8": tl.uint8, "i8": tl.int8, "i16": tl.int16, "i32": tl.int32, "i64": tl.int64,
+          "fp16": tl.float16, "bf16": tl.bfloat16, "fp32": tl.float32, "fp64": tl.float64}
+
+
+@triton.constexpr_function
+def dtype(name):
+    """The Triton type named as in kernel signatures ("i32", "fp32"; minitensor's `dtype.triton`)."""
+    return _TYPES[name]
+
 
 _TRITON_TO_DTYPE_NAME = {"i1": "bool", "u8": "uint8", "i8": "int8", "i16": "int16", "i32": "int32",
                          "i64": "int64", "fp16": "float16", "bf16": "bfloat16", "fp32": "float32",
@@ -88,9 +144,15 @@ def interpreter_arg_wrappers(signature):
     return wrappers
 
 
+# Triton 3.6 appends two pointer parameters to every compiled kernel (global and profile scratch); minitensor's
+# kernels need neither, so its launcher passes null for both.
+_SCRATCH_KINDS = "nn"
+_PARAM_KINDS = {"i32": "i", "u32": "u", "i64": "l", "fp32": "f", "fp64": "d"}
+
+
 def compile_cuda(kernel, signature, constexprs, aligned, capability, num_warps):
-    """Compile for the current device and return `launch(gx, gy, gz, stream, *runtime_args)`; the
-    C launcher also takes the constexpr values, which the closure appends.
+    """Compile for a device of this capability and return what the launcher needs: the cubin, the kernel's
+    name, its dynamic shared memory, num_warps, and a kind code per kernel parameter (see _launch.c).
 
     `aligned` holds the indices of pointer parameters known to be 16-byte aligned and int parameters
     known to be divisible by 16: without that Triton cannot emit 128-bit loads."""
@@ -100,14 +162,9 @@ def compile_cuda(kernel, signature, constexprs, aligned, capability, num_warps):
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps})
-    runner = compiled.run  # builds (or loads) the C launcher and loads the module
-    if runner.global_scratch_size or runner.profile_scratch_size:
-        raise RuntimeError(f"kernel {compiled.name} needs scratch memory, which minitensor does not provide")
-    raw_launch, function, metadata = runner.launch, compiled.function, compiled.packed_metadata
-    cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
-    tail = tuple(constexprs.values())
-
-    def launch(gx, gy, gz, stream, *args):
-        raw_launch(gx, gy, gz, stream, function, cooperative, pdl, None, None, metadata, None, None, None,
-                   *args, *tail)
-    return launch
+    metadata = compiled.metadata
+    if metadata.global_scratch_size or metadata.profile_scratch_size:
+        raise RuntimeError(f"kernel {metadata.name} needs scratch memory, which minitensor does not provide")
+    kinds = "".join("p" if ty.startswith("*") else _PARAM_KINDS[ty] for ty in signature.values() if ty != "constexpr")
+    return {"cubin": compiled.asm["cubin"], "name": metadata.name, "shared": metadata.shared,
+            "num_warps": metadata.num_warps, "kinds": kinds + _SCRATCH_KINDS}

@@ -1,38 +1,109 @@
 """Compile each kernel once per signature and hand back a cheap launch function.
 
-A signature is what changes the generated code: the parameter types (pointer dtypes, 32- or 64-bit
-ints), the constexpr values (op, rank class, block size) and which pointers are 16-byte aligned. The
-launch function takes raw int pointers and the stream handle; nothing on that path builds cache keys
-from tensors or goes through JITFunction.run.
+A signature is what changes the generated code: the parameter types (pointer dtypes, 32- or 64-bit ints), the
+constexpr values (op, rank class, block size) and which parameters are 16-byte aligned. Kernels are named
+"module.function" inside minitensor.kernels, so that finding one never imports the module defining it, nor Triton:
+on the GPU a signature compiled by an earlier process comes from the disk cache (`diskcache`), keyed by the
+kernel sources, the signature, the device's capability and the installed Triton. Only a miss imports Triton and
+compiles. On the simulated device the kernel module is imported and its functions run in the interpreter.
+
+The launch function is `launch(grid_x, grid_y, grid_z, stream, *args)` with raw int pointers.
 """
+import functools
+import glob
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
 import threading
 
 from minitensor.backends import active_driver
 
+from . import diskcache
+
 _compiled = {}
 _lock = threading.Lock()
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def get(kernel, device, types, constexprs, aligned=(), num_warps=4):
-    """The launch function `launch(gx, gy, gz, stream, *args)` of `kernel` for this signature.
+    """The launch function of `kernel` ("module.function") for this signature.
 
     `types` gives a Triton type for each runtime parameter and `constexprs` a value for each constexpr
-    parameter; constexpr parameters come last in every minitensor kernel."""
+    parameter; constexpr parameters come last in every minitensor kernel. `aligned` holds the indices of
+    pointer parameters known to be 16-byte aligned and int parameters known to be divisible by 16."""
     key = (kernel, device, types, constexprs, aligned, num_warps)
     launch = _compiled.get(key)
     if launch is None:
         with _lock:
             launch = _compiled.get(key)
             if launch is None:
-                launch = _compiled[key] = _compile(kernel, device, types, constexprs, aligned, num_warps)
+                launch = _compiled[key] = _load(*key)
     return launch
 
 
-def _compile(kernel, device, types, constexprs, aligned, num_warps):
-    names = kernel.arg_names
+def _load(kernel, device, types, constexprs, aligned, num_warps):
+    driver = active_driver()
+    if driver.interprets_kernels:
+        function = _function(kernel)
+        return driver.interpret(device, function, *_signature(function, types, constexprs))
+    props = driver.properties(device)
+    capability = props.major * 10 + props.minor
+    entry = diskcache.path("kernels-" + _cache_key(kernel, types, constexprs, aligned, num_warps, capability))
+    binary = _read_entry(entry)
+    if binary is None:
+        from . import compat
+        function = _function(kernel)
+        binary = compat.compile_cuda(function, *_signature(function, types, constexprs), aligned, capability,
+                                     num_warps)
+        cubin = binary.pop("cubin")
+        diskcache.write(entry + ".cubin", cubin)  # the binary first: an entry counts once its .json exists
+        diskcache.write(entry + ".json", json.dumps(binary).encode())
+        binary["cubin"] = cubin
+    return driver.load_kernel(device, **binary)
+
+
+def _function(kernel):
+    module, name = kernel.split(".")
+    return getattr(importlib.import_module(f"minitensor.kernels.{module}"), name)
+
+
+def _signature(function, types, constexprs):
+    names = function.arg_names
     if len(names) != len(types) + len(constexprs):
-        raise TypeError(f"{kernel.__name__} takes {len(names)} parameters, got {len(types)} types and "
+        raise TypeError(f"{function.__name__} takes {len(names)} parameters, got {len(types)} types and "
                         f"{len(constexprs)} constexprs")
     signature = dict(zip(names, types + ("constexpr",) * len(constexprs)))
-    constexpr_map = dict(zip(names[len(types):], constexprs))
-    return active_driver().compile(device, kernel, signature, constexpr_map, aligned, num_warps)
+    return signature, dict(zip(names[len(types):], constexprs))
+
+
+def _cache_key(kernel, types, constexprs, aligned, num_warps, capability):
+    """Everything the binary depends on: the signature, the device, and `_sources()`."""
+    digest = hashlib.sha256(repr((kernel, types, constexprs, aligned, num_warps, capability)).encode())
+    digest.update(_sources())
+    return digest.hexdigest()[:32]
+
+
+@functools.lru_cache(maxsize=1)
+def _sources():
+    """A digest of every kernel module and compat.py (kernels share @jit helpers across modules) and of the
+    Triton installation (its __init__.py carries the version): a change to any of them recompiles."""
+    digest = hashlib.sha256()
+    paths = sorted(glob.glob(os.path.join(_HERE, "*.py"))) + [importlib.util.find_spec("triton").origin]
+    for path in paths:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.digest()
+
+
+def _read_entry(entry):
+    """The cached binary and its launch metadata, or None when absent or unreadable."""
+    try:
+        with open(entry + ".json", "rb") as f:
+            binary = json.loads(f.read())
+        with open(entry + ".cubin", "rb") as f:
+            binary["cubin"] = f.read()
+    except (OSError, ValueError):
+        return None
+    return binary

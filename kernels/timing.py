@@ -28,9 +28,9 @@ def _device():
 
 
 def spin_sleep(stream, duration_ns):
-    launcher.get(_spin_for, _device(), ("i64",), ())(1, 1, 1, stream, duration_ns)
+    launcher.get("timing._spin_for", _device(), ("i64",), ())(1, 1, 1, stream, duration_ns)
 
 
 def spin_on_flag(stream, flag_ptr):
     """`flag_ptr`: the device address of an int32 in mapped pinned memory that the host sets to open."""
-    launcher.get(_spin_until_set, _device(), ("*i32",), ())(1, 1, 1, stream, flag_ptr)
+    launcher.get("timing._spin_until_set", _device(), ("*i32",), ())(1, 1, 1, stream, flag_ptr)

@@ -7,36 +7,49 @@ from . import cuda, dtypes
 from .creation import (arange, as_tensor, empty, empty_like, from_numpy, full, full_like, ones, ones_like, rand,
                        rand_like, randint, randint_like, randn, randn_like, tensor, zeros, zeros_like)
 from .device import device
+from .dlpack import from_dlpack
 from .dtypes import (bfloat16, bool_ as bool, dtype, float16, float32, float64, int8, int16, int32, int64,
                      promote_types, result_type, uint8)
 from .errors import OutOfMemoryError
+from .indexing import gather, index_select
 from .ops import broadcast_shapes
-from .random import initial_seed, manual_seed
+from .random import bernoulli, initial_seed, manual_seed
+from .reductions import all, allclose, any, equal, isclose, max, mean, min, return_types, sum
 from .storage import UntypedStorage
 from .tensor import Size, Tensor
+from . import pointwise  # after tensor: tensor.py gives Tensor its methods from pointwise's tables
 
 half, float, double = float16, float32, float64
 short, int, long = int16, int32, int64
 
 
 def add(input, other, *, alpha=1, out=None):
-    from .ops import binary
-    return binary("add", input, other, out=out, alpha=alpha)
+    return pointwise.binary("add", input, other, out=out, alpha=alpha)
 
 
 def sub(input, other, *, alpha=1, out=None):
-    from .ops import binary
-    return binary("sub", input, other, out=out, alpha=alpha)
+    return pointwise.binary("sub", input, other, out=out, alpha=alpha)
 
 
-def mul(input, other, *, out=None):
-    from .ops import binary
-    return binary("mul", input, other, out=out)
+def where(condition, input, other, *, out=None):
+    return pointwise.where(condition, input, other, out=out)
 
 
-def div(input, other, *, out=None):
-    from .ops import binary
-    return binary("div", input, other, out=out)
+def clamp(input, min=None, max=None, *, out=None):
+    return pointwise.clamp(input, min, max, out=out)
 
 
-subtract, multiply, divide, true_divide = sub, mul, div, div
+globals().update(pointwise.FUNCTIONS)  # mul, div, exp, eq, maximum, ... with out=
+subtract, clip = sub, clamp
+
+
+_LAZY = {"save": "serialization", "load": "serialization", "save_safetensors": "safetensors",
+         "load_safetensors": "safetensors"}
+
+
+def __getattr__(name):
+    """mt.save, mt.load and the safetensors pair, imported on first use: `import minitensor` stays cheap."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'minitensor' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

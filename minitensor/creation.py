@@ -7,6 +7,7 @@ import numpy as np
 
 from . import dtypes, random
 from .device import CPU, as_device
+from .interop import foreign_tensor
 from .ops import to_storage_values
 from .storage import UntypedStorage
 from .tensor import Tensor, _shape_arg
@@ -45,7 +46,28 @@ def _infer_dtype(array):
     raise TypeError(f"Could not infer dtype of {array.dtype}")
 
 
+def _pinned(t, pin_memory):
+    """`t` itself, or with pin_memory=True a pinned copy of it (CPU only, as in torch)."""
+    return t.pin_memory() if pin_memory else t
+
+
+def _new(shape, dtype, device, pin_memory):
+    if pin_memory:
+        if device is not None and as_device(device).type != "cpu":
+            raise RuntimeError(f"Only dense CPU tensors can be pinned (pin_memory=True with device {device})")
+        return Tensor._empty_pinned(shape, dtype)
+    return Tensor._empty(shape, dtype, _device(device))
+
+
 def tensor(data, dtype=None, device=None, pin_memory=False, requires_grad=False):
+    return _pinned(_tensor(data, dtype, device), pin_memory)
+
+
+def _tensor(data, dtype, device):
+    foreign = foreign_tensor(data)  # another library's array (CUDA array interface, DLPack): copied, like torch
+    if foreign is not None:
+        return foreign.to(device=foreign.device if device is None else device, dtype=dtype or foreign.dtype,
+                          copy=True)
     device = _device(device)
     if isinstance(data, Tensor):
         return data.to(device=device, dtype=dtype or data.dtype, copy=True)
@@ -82,22 +104,23 @@ def _items(x):
 
 
 def empty(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
-    return Tensor._empty(_shape_arg(size), dtype or dtypes.default_float, _device(device))
+    shape = size if len(size) == 1 and type(size[0]) is int else _shape_arg(size)  # empty(n): the hot path
+    return _new(shape, dtype or dtypes.default_float, device, pin_memory)
 
 
 def full(size, fill_value, dtype=None, device=None, pin_memory=False, requires_grad=False):
     if dtype is None:
         dtype = dtypes.result_type(fill_value)
-    t = Tensor._empty(_shape_arg((size,)), dtype, _device(device))
+    t = _new(_shape_arg((size,)), dtype, device, pin_memory)
     return t.fill_(fill_value)
 
 
 def zeros(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
-    return full(_shape_arg(size), 0, dtype=dtype or dtypes.default_float, device=device)
+    return full(_shape_arg(size), 0, dtype=dtype or dtypes.default_float, device=device, pin_memory=pin_memory)
 
 
 def ones(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
-    return full(_shape_arg(size), 1, dtype=dtype or dtypes.default_float, device=device)
+    return full(_shape_arg(size), 1, dtype=dtype or dtypes.default_float, device=device, pin_memory=pin_memory)
 
 
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
@@ -114,27 +137,24 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
                       dtype, _device(device))
 
 
-def rand(*size, dtype=None, device=None, requires_grad=False):
-    device = _device(device)
-    return _from_host(random.generator(device).random(_shape_arg(size)), dtype or dtypes.default_float, device)
+def rand(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
+    """Uniform in [0, 1), drawn on the tensor's device (random.py)."""
+    return _pinned(random.new("uniform", size, dtype, device, 0.0, 1.0), pin_memory)
 
 
-def randn(*size, dtype=None, device=None, requires_grad=False):
-    device = _device(device)
-    return _from_host(random.generator(device).standard_normal(_shape_arg(size)), dtype or dtypes.default_float,
-                      device)
+def randn(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
+    return _pinned(random.new("normal", size, dtype, device, 0.0, 1.0), pin_memory)
 
 
-def randint(low, high=None, size=None, dtype=None, device=None, requires_grad=False):
-    if high is None:
+def randint(low, high=None, size=None, dtype=None, device=None, pin_memory=False, requires_grad=False):
+    """randint(high, size) or randint(low, high, size): integers uniform in [low, high)."""
+    if size is None and isinstance(high, (tuple, list)):
+        low, high, size = 0, low, high
+    elif high is None:
         low, high = 0, low
     if size is None:
         raise TypeError("randint() missing required argument 'size'")
-    if low >= high:
-        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
-    device = _device(device)
-    return _from_host(random.generator(device).integers(low, high, _shape_arg((size,))), dtype or dtypes.int64,
-                      device)
+    return _pinned(random.new("random", (size,), dtype, device, low, high), pin_memory)
 
 
 def empty_like(t, dtype=None, device=None):
@@ -169,6 +189,9 @@ def from_numpy(array):
     """A CPU tensor sharing the array's memory."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"expected np.ndarray (got {type(array).__name__})")
+    if not array.dtype.isnative:
+        raise ValueError("given numpy array has byte order different from the native byte order. Conversion "
+                         "between byte orders is currently not supported.")
     dtype = dtypes.from_numpy(array.dtype)
     itemsize = array.itemsize
     if any(s < 0 for s in array.strides):
@@ -181,14 +204,19 @@ def from_numpy(array):
     extent = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) + itemsize if array.size else 0
     memory = (ctypes.c_uint8 * extent).from_address(array.ctypes.data) if extent else None
     raw = np.frombuffer(memory, np.uint8) if extent else np.empty(0, np.uint8)
+    raw.flags.writeable = array.flags.writeable  # a read-only array stays read-only: writes raise, not corrupt
     storage = UntypedStorage._from_array(raw, owner=array)
     return Tensor(storage, tuple(array.shape), tuple(s // itemsize for s in array.strides), 0, dtype)
 
 
 def as_tensor(data, dtype=None, device=None):
-    """No copy when `data` already is a tensor (or numpy array) of that dtype and device."""
+    """No copy when `data` already is a tensor (or numpy array, or another library's array through the CUDA
+    array interface or DLPack) of that dtype and device."""
     if isinstance(data, np.ndarray) and all(s >= 0 for s in data.strides):
         data = from_numpy(data)
+    foreign = foreign_tensor(data)
+    if foreign is not None:
+        data = foreign
     if isinstance(data, Tensor):
         return data.to(device=device or data.device, dtype=dtype or data.dtype)
     return tensor(data, dtype=dtype, device=device)

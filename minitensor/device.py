@@ -49,15 +49,24 @@ class device:
 
 
 CPU = device("cpu")
+_parsed = {}  # device string -> its mt.device: factories take strings on every call
+_cuda = None  # minitensor.cuda, once imported (it imports this module)
 
 
 def as_device(d):
     """Normalise a device argument: a cuda device always gets an index (the current device)."""
-    if isinstance(d, int):
+    global _cuda
+    if type(d) is str:
+        parsed = _parsed.get(d)
+        if parsed is None:
+            parsed = _parsed[d] = device(d)
+        d = parsed
+    elif isinstance(d, int):
         d = device("cuda", d)
     elif not isinstance(d, device):
         d = device(d)
-    if d.type == "cuda":
-        from . import cuda
-        return cuda._DEVICES[cuda._check_index(cuda.current_device() if d.index is None else d.index)]
-    return CPU
+    if d.type != "cuda":
+        return CPU
+    if _cuda is None:
+        from . import cuda as _cuda
+    return _cuda._DEVICES[_cuda._check_index(_cuda.current_device() if d.index is None else d.index)]

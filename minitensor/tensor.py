@@ -3,16 +3,23 @@
 Views never copy; they share the storage. Operations are in `ops` (kernels for cuda tensors, numpy for
 CPU tensors); this module holds metadata, views, indexing and conversions.
 """
+import functools
 import math
 import numbers
 
 import numpy as np
 
-from . import dtypes, ops
+from . import dtypes, ops, pointwise
+from . import indexing
+from . import random
+from . import reductions
+from .cuda import memory
+from .cuda.streams import current_stream_handle
 from .device import CPU, as_device
 from .storage import UntypedStorage
 
 
+@functools.lru_cache(maxsize=4096)
 def contiguous_strides(shape):
     strides, acc = [], 1
     for size in reversed(shape):
@@ -75,7 +82,7 @@ def _shape_arg(size):
     """Accept f(2, 3), f((2, 3)) and f([2, 3])."""
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         size = size[0]
-    return tuple(int(s) for s in size)
+    return tuple(map(int, size))
 
 
 class Tensor:
@@ -92,8 +99,18 @@ class Tensor:
     @classmethod
     def _empty(cls, shape, dtype, device):
         """A new contiguous tensor; `device` must already be normalised (see device.as_device)."""
-        numel = math.prod(shape)
-        storage = UntypedStorage(numel * dtype.itemsize, device)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if device.type == "cuda":  # straight to the allocator: factories and ops call this per op
+            index = device.index
+            storage = UntypedStorage._allocate(nbytes, device, memory.allocator(index), current_stream_handle(index))
+        else:
+            storage = UntypedStorage(nbytes, device)
+        return cls(storage, shape, contiguous_strides(shape), 0, dtype)
+
+    @classmethod
+    def _empty_pinned(cls, shape, dtype):
+        """A new contiguous CPU tensor in pinned memory."""
+        storage = UntypedStorage._pinned(math.prod(shape) * dtype.itemsize)
         return cls(storage, shape, contiguous_strides(shape), 0, dtype)
 
     # ------------------------------------------------------------------ metadata
@@ -157,7 +174,8 @@ class Tensor:
         return True
 
     def is_pinned(self):
-        return False
+        """True when the storage is pinned host memory (see UntypedStorage.is_pinned); views of it are too."""
+        return self._storage.is_pinned()
 
     def is_floating_point(self):
         return self.dtype.is_floating_point
@@ -373,11 +391,11 @@ class Tensor:
         return self._view(shape, stride, offset)
 
     def __setitem__(self, index, value):
-        target = self[index]
-        if isinstance(value, Tensor):
-            target.copy_(value)
-        else:
-            target.fill_(value)
+        indexing.setitem(self, index, value)
+
+    # gather / index_select (indexing.py): bound as methods, so t.gather(dim, index) is one call
+    gather = indexing.gather
+    index_select = indexing.index_select
 
     def __iter__(self):
         if not self._shape:
@@ -416,6 +434,19 @@ class Tensor:
         ops.copy_(self, src, non_blocking)
         return self
 
+    def pin_memory(self):
+        """This tensor if its memory is pinned, else a copy in pinned memory with the same strides (torch's
+        _pin_memory: the storage covers the strided extent from offset 0)."""
+        if self.device.type != "cpu":
+            raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
+        if self.is_pinned():
+            return self
+        extent = 1 + sum((n - 1) * s for n, s in zip(self._shape, self._stride)) if self.numel() else 0
+        storage = UntypedStorage._pinned(extent * self.dtype.itemsize)
+        out = Tensor(storage, self._shape, self._stride, 0, self.dtype)
+        ops.copy_(out, self)
+        return out
+
     def fill_(self, value):
         ops.fill_(self, value)
         return self
@@ -429,7 +460,10 @@ class Tensor:
         dtype = self.dtype if dtype is None else dtype
         if device == self.device and dtype is self.dtype and not copy:
             return self
-        out = Tensor._empty(self._shape, dtype, device)
+        if non_blocking and device.type == "cpu" and self.device.type == "cuda":
+            out = Tensor._empty_pinned(self._shape, dtype)  # as torch: so the copy can stay asynchronous
+        else:
+            out = Tensor._empty(self._shape, dtype, device)
         ops.copy_(out, self, non_blocking)
         return out
 
@@ -438,7 +472,7 @@ class Tensor:
 
     def cuda(self, device=None, non_blocking=False):
         from . import cuda
-        index = cuda.current_device() if device is None else cuda._index(device)
+        index = cuda._check_index(cuda.current_device() if device is None else cuda._index(device))
         return self.to(cuda._DEVICES[index], non_blocking=non_blocking)
 
     def type(self, dtype=None):
@@ -468,8 +502,22 @@ class Tensor:
         return ops.numpy_view(self)
 
     def __array__(self, dtype=None, copy=None):
-        array = self.numpy()
-        return array if dtype is None else array.astype(dtype, copy=False)
+        from .interop import to_numpy_array
+        return to_numpy_array(self, dtype, copy)
+
+    # ------------------------------------------------------------------ interop (interop.py, dlpack.py)
+    @property
+    def __cuda_array_interface__(self):
+        from .interop import cuda_array_interface
+        return cuda_array_interface(self)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        from .dlpack import to_dlpack
+        return to_dlpack(self, stream, max_version, dl_device, copy)
+
+    def __dlpack_device__(self):
+        from .dlpack import dlpack_device
+        return dlpack_device(self)
 
     def _host_values(self):
         """A numpy array of the values on the host; bfloat16 comes back as float32."""
@@ -510,6 +558,11 @@ class Tensor:
     def __repr__(self):
         return ops.format_tensor(self)
 
+    def __reduce_ex__(self, protocol):
+        """pickle and copy.deepcopy: this view of its storage. The storage goes through pickle's memo, so
+        views of one storage stay views of one storage within one pickle or deepcopy."""
+        return Tensor, (self._storage, self._shape, self._stride, self._offset, self.dtype)
+
     # ------------------------------------------------------------------ streams
     def record_stream(self, stream):
         """Mark the memory as used by `stream`: it is not reused until that stream's work queued so far
@@ -517,28 +570,110 @@ class Tensor:
         if self.device.type != "cuda":
             raise RuntimeError("record_stream expects a cuda tensor")
         storage = self._storage
-        storage._allocator.record_stream(storage._block, stream.cuda_stream)
+        if storage._allocator is not None:  # external memory (DLPack, CAI): its owner frees it, as in torch
+            storage._allocator.record_stream(storage._block, stream.cuda_stream)
 
-    # ------------------------------------------------------------------ arithmetic
-    def add(self, other, *, alpha=1): return ops.binary("add", self, other, alpha=alpha)
-    def sub(self, other, *, alpha=1): return ops.binary("sub", self, other, alpha=alpha)
-    def mul(self, other): return ops.binary("mul", self, other)
-    def div(self, other): return ops.binary("div", self, other)
-    def add_(self, other, *, alpha=1): return ops.binary("add", self, other, out=self, alpha=alpha)
-    def sub_(self, other, *, alpha=1): return ops.binary("sub", self, other, out=self, alpha=alpha)
-    def mul_(self, other): return ops.binary("mul", self, other, out=self)
-    def div_(self, other): return ops.binary("div", self, other, out=self)
-    subtract, multiply, divide, true_divide = sub, mul, div, div
+    # ------------------------------------------------------------------ pointwise ops
+    def add(self, other, *, alpha=1): return pointwise.binary("add", self, other, alpha=alpha)
+    def sub(self, other, *, alpha=1): return pointwise.binary("sub", self, other, alpha=alpha)
+    def add_(self, other, *, alpha=1): return pointwise.binary("add", self, other, out=self, alpha=alpha)
+    def sub_(self, other, *, alpha=1): return pointwise.binary("sub", self, other, out=self, alpha=alpha)
+    subtract = sub
 
-    def __add__(self, other): return ops.binary("add", self, other)
-    def __radd__(self, other): return ops.binary("add", other, self)
-    def __sub__(self, other): return ops.binary("sub", self, other)
-    def __rsub__(self, other): return ops.binary("sub", other, self)
-    def __mul__(self, other): return ops.binary("mul", self, other)
-    def __rmul__(self, other): return ops.binary("mul", other, self)
-    def __truediv__(self, other): return ops.binary("div", self, other)
-    def __rtruediv__(self, other): return ops.binary("div", other, self)
-    __iadd__, __isub__, __imul__, __itruediv__ = add_, sub_, mul_, div_
+    def where(self, condition, other): return pointwise.where(condition, self, other)
+    def clamp(self, min=None, max=None): return pointwise.clamp(self, min, max)
+    def clamp_(self, min=None, max=None): return pointwise.clamp(self, min, max, out=self)
+    clip, clip_ = clamp, clamp_
+
+    def __add__(self, other): return pointwise.binary("add", self, other)
+    def __radd__(self, other): return pointwise.binary("add", other, self)
+    def __sub__(self, other): return pointwise.binary("sub", self, other)
+    def __rsub__(self, other): return pointwise.binary("sub", other, self)
+    def __mul__(self, other): return pointwise.binary("mul", self, other)
+    def __rmul__(self, other): return pointwise.binary("mul", other, self)
+    def __truediv__(self, other): return pointwise.binary("div", self, other)
+    def __rtruediv__(self, other): return pointwise.binary("div", other, self)
+    def __floordiv__(self, other): return pointwise.binary("floor_divide", self, other)
+    def __rfloordiv__(self, other): return pointwise.binary("floor_divide", other, self)
+    def __mod__(self, other): return pointwise.binary("remainder", self, other)
+    def __rmod__(self, other): return pointwise.binary("remainder", other, self)
+    def __pow__(self, other): return pointwise.power(self, other)
+    def __rpow__(self, other): return pointwise.binary("pow", other, self)
+    def __and__(self, other): return pointwise.binary("bitwise_and", self, other)
+    def __rand__(self, other): return pointwise.binary("bitwise_and", other, self)
+    def __or__(self, other): return pointwise.binary("bitwise_or", self, other)
+    def __ror__(self, other): return pointwise.binary("bitwise_or", other, self)
+    def __xor__(self, other): return pointwise.binary("bitwise_xor", self, other)
+    def __rxor__(self, other): return pointwise.binary("bitwise_xor", other, self)
+    def __neg__(self): return pointwise.unary("neg", self)
+    def __abs__(self): return pointwise.unary("abs", self)
+    def __invert__(self): return pointwise.unary("bitwise_not", self)
+    def __iadd__(self, other): return pointwise.binary("add", self, other, out=self)
+    def __isub__(self, other): return pointwise.binary("sub", self, other, out=self)
+    def __imul__(self, other): return pointwise.binary("mul", self, other, out=self)
+    def __itruediv__(self, other): return pointwise.binary("div", self, other, out=self)
+    def __ifloordiv__(self, other): return pointwise.binary("floor_divide", self, other, out=self)
+    def __imod__(self, other): return pointwise.binary("remainder", self, other, out=self)
+    def __ipow__(self, other): return pointwise.power(self, other, out=self)
+    def __iand__(self, other): return pointwise.binary("bitwise_and", self, other, out=self)
+    def __ior__(self, other): return pointwise.binary("bitwise_or", self, other, out=self)
+    def __ixor__(self, other): return pointwise.binary("bitwise_xor", self, other, out=self)
+
+    # Comparisons with a number or a tensor are elementwise; with anything else they are NotImplemented (so
+    # `t == None` is False, as in torch), decided on the first, checked call of each signature.
+    def __eq__(self, other): return pointwise.binary("eq", self, other, comparison=True)
+    def __ne__(self, other): return pointwise.binary("ne", self, other, comparison=True)
+    def __lt__(self, other): return pointwise.binary("lt", self, other, comparison=True)
+    def __le__(self, other): return pointwise.binary("le", self, other, comparison=True)
+    def __gt__(self, other): return pointwise.binary("gt", self, other, comparison=True)
+    def __ge__(self, other): return pointwise.binary("ge", self, other, comparison=True)
+    __hash__ = object.__hash__  # by identity, as torch: __eq__ is elementwise
+
+    # random numbers (random.py): bound as methods, so t.uniform_() is one call
+    uniform_ = random.uniform_
+    normal_ = random.normal_
+    bernoulli = random.bernoulli
+    bernoulli_ = random.bernoulli_
+    random_ = random.random_
+
+    # reductions and comparisons (reductions.py): bound as methods, so t.sum(dim) is one call
+    sum = reductions.sum
+    mean = reductions.mean
+    max = reductions.max
+    min = reductions.min
+    all = reductions.all
+    any = reductions.any
+    equal = reductions.equal
+    isclose = reductions.isclose
+    allclose = reductions.allclose
+
+
+def _add_pointwise_methods():
+    """Methods that are a named op and its in-place form (`t.mul(u)`, `t.mul_(u)`)."""
+    def binary_method(name, in_place):
+        if name == "pow":
+            return (lambda self, other: pointwise.power(self, other, out=self)) if in_place else pointwise.power
+        if in_place:
+            return lambda self, other: pointwise.binary(name, self, other, out=self)
+        return lambda self, other: pointwise.binary(name, self, other)
+
+    def unary_method(name, in_place):
+        if in_place:
+            return lambda self: pointwise.unary(name, self, out=self)
+        return lambda self: pointwise.unary(name, self)
+
+    for name in pointwise.BINARY_METHODS:
+        setattr(Tensor, name, binary_method(name, False))
+        setattr(Tensor, name + "_", binary_method(name, True))
+    for name in pointwise.UNARY_METHODS:
+        setattr(Tensor, name, unary_method(name, False))
+        setattr(Tensor, name + "_", unary_method(name, True))
+    for alias, name in pointwise.ALIASES.items():
+        setattr(Tensor, alias, getattr(Tensor, name))
+        setattr(Tensor, alias + "_", getattr(Tensor, name + "_"))
+
+
+_add_pointwise_methods()
 
 
 class Size(tuple):

@@ -4,8 +4,15 @@ Handles are plain ints, as in CUDA's driver API: device pointers, stream handles
 stream of the calling thread's current device) and event handles. Calls that take no device act on the
 calling thread's current device, which `set_device` chooses, again as in CUDA.
 """
+import threading
 import uuid
 from dataclasses import dataclass
+
+
+class ThreadDevice(threading.local):
+    """Per thread: the device set current by `set_device`, None until then (a class default, so reading it
+    is a plain attribute lookup on every call that needs it)."""
+    device = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,11 @@ class Driver:
     def host_register(self, ptr, nbytes): raise NotImplementedError
     def host_unregister(self, ptr): raise NotImplementedError
     def memcpy_async(self, dst, src, nbytes, stream): raise NotImplementedError
+    # between devices: can `device` reach `peer`'s memory directly; let it (once per pair); copy on `stream`
+    # (a stream of the current device)
+    def can_access_peer(self, device, peer): raise NotImplementedError
+    def enable_peer_access(self, device, peer): raise NotImplementedError
+    def memcpy_peer_async(self, dst, dst_device, src, src_device, nbytes, stream): raise NotImplementedError
 
     # streams and events
     def stream_create(self, device, priority): raise NotImplementedError
@@ -57,8 +69,11 @@ class Driver:
     def event_synchronize(self, event): raise NotImplementedError
     def event_elapsed_ms(self, start, end): raise NotImplementedError
 
-    # kernels: compile returns an object whose launch(grid, stream, args) enqueues one launch
-    def compile(self, device, kernel, signature, constexprs, aligned, num_warps): raise NotImplementedError
+    # kernels: a GPU loads compiled binaries, the simulator interprets the @triton.jit function itself; either
+    # way the result is launch(grid_x, grid_y, grid_z, stream, *args), which enqueues one launch
+    interprets_kernels = False
+    def load_kernel(self, device, cubin, name, shared, num_warps, kinds): raise NotImplementedError
+    def interpret(self, device, kernel, signature, constexprs): raise NotImplementedError
 
     # test helpers behind mt.cuda.sleep and mt.cuda.Gate
     def sleep(self, stream, ms): raise NotImplementedError

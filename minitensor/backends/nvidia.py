@@ -2,8 +2,8 @@
 
 One primary context per device, made current per thread on demand. User streams are created
 non-blocking, so they never synchronise implicitly with the legacy default stream (handle 0).
-Triton is given a driver object of ours before anything compiles: Triton 3.6's own CudaDriver imports
-torch to find devices and streams.
+Compiled kernels are loaded with cuModuleLoadData and launched by minitensor's C launcher (kernels/_launch.c),
+so Triton's runtime driver, whose 3.6 version imports torch, is never used.
 """
 import ctypes
 import threading
@@ -12,7 +12,7 @@ import uuid
 from cuda.bindings import driver as cu
 
 from ..errors import CudaError, OutOfMemoryError
-from .base import DeviceProperties, Driver
+from .base import DeviceProperties, Driver, ThreadDevice
 
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
 _OOM = cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
@@ -27,6 +27,18 @@ def _check(result):
     if len(result) == 1:
         return None
     return result[1] if len(result) == 2 else result[1:]
+
+
+def _code_string(code):
+    try:
+        return _error_string(cu.CUresult(code))
+    except ValueError:  # not a CUresult this cuda-bindings knows
+        return f"CUresult {code}"
+
+
+def _raise_launch_error(code, kernel):
+    """Called by the C launcher when cuLaunchKernel fails."""
+    raise CudaError(code, f"{_code_string(code)} (launching {kernel})")
 
 
 def _error_string(err):
@@ -46,9 +58,9 @@ class NvidiaDriver(Driver):
         self._contexts = [None] * self._count
         self._properties = [None] * self._count
         self._lock = threading.Lock()
-        self._tls = threading.local()
+        self._tls = ThreadDevice()
         self._kernels = None  # minitensor.kernels.timing, loaded with the first sleep or gate
-        self._activate_triton()
+        self._native = None  # the C launcher module, built or loaded with the first kernel
 
     # ------------------------------------------------------------------ devices
     def device_count(self):
@@ -78,7 +90,7 @@ class NvidiaDriver(Driver):
 
     def set_device(self, device):
         """Make the device's primary context current in this thread (cheap when it already is)."""
-        if getattr(self._tls, "device", None) == device:
+        if self._tls.device == device:
             return
         ctx = self._contexts[device]
         if ctx is None:
@@ -90,7 +102,7 @@ class NvidiaDriver(Driver):
         self._tls.device = device
 
     def current_device(self):
-        device = getattr(self._tls, "device", None)
+        device = self._tls.device
         if device is None:
             self.set_device(0)
             device = 0
@@ -101,10 +113,7 @@ class NvidiaDriver(Driver):
         _check(cu.cuCtxSynchronize())
 
     def error_string(self, code):
-        try:
-            return _error_string(cu.CUresult(code))
-        except ValueError:
-            return f"CUresult {code}"
+        return _code_string(code)
 
     # ------------------------------------------------------------------ memory
     def malloc(self, device, nbytes):
@@ -138,6 +147,24 @@ class NvidiaDriver(Driver):
     def memcpy_async(self, dst, src, nbytes, stream):
         self.current_device()
         _check(cu.cuMemcpyAsync(dst, src, nbytes, stream))
+
+    def can_access_peer(self, device, peer):
+        if device == peer:
+            return False
+        return bool(_check(cu.cuDeviceCanAccessPeer(self._devices[device], self._devices[peer])))
+
+    def enable_peer_access(self, device, peer):
+        """Map `peer`'s memory into `device`'s context (cuCtxEnablePeerAccess); enabled already is fine."""
+        self.set_device(peer)  # retains the peer's primary context
+        self.set_device(device)
+        err = cu.cuCtxEnablePeerAccess(self._contexts[peer], 0)[0]
+        if err not in (_SUCCESS, cu.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
+            raise CudaError(int(err), _error_string(err))
+
+    def memcpy_peer_async(self, dst, dst_device, src, src_device, nbytes, stream):
+        self.current_device()
+        _check(cu.cuMemcpyPeerAsync(dst, self._contexts[dst_device], src, self._contexts[src_device], nbytes,
+                                    stream))
 
     # ------------------------------------------------------------------ streams
     def stream_create(self, device, priority):
@@ -193,50 +220,29 @@ class NvidiaDriver(Driver):
         return float(_check(cu.cuEventElapsedTime(start, end)))
 
     # ------------------------------------------------------------------ kernels
-    def compile(self, device, kernel, signature, constexprs, aligned, num_warps):
-        from ..kernels import compat
+    def load_kernel(self, device, cubin, name, shared, num_warps, kinds):
+        """Load a compiled kernel into the device's context and return its launcher (see kernels/_launch.c)."""
         self.set_device(device)
-        props = self.properties(device)
-        launch = compat.compile_cuda(kernel, signature, constexprs, aligned, props.major * 10 + props.minor,
-                                     num_warps)
-        set_device = self.set_device
+        module = _check(cu.cuModuleLoadData(cubin))
+        function = _check(cu.cuModuleGetFunction(module, name.encode()))
+        if shared > 49152:  # beyond 48 KiB, dynamic shared memory must be asked for, as Triton's loader does
+            attr = cu.CUfunction_attribute
+            static = _check(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function))
+            optin = _check(cu.cuDeviceGetAttribute(
+                cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self._devices[device]))
+            _check(cu.cuFuncSetCacheConfig(function, cu.CUfunc_cache.CU_FUNC_CACHE_PREFER_SHARED))
+            _check(cu.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                         optin - static))
+        return self._launcher_module().Launcher(int(function), int(self._contexts[device]), 32 * num_warps, shared,
+                                                kinds.encode(), name)
 
-        def launch_on_device(gx, gy, gz, stream, *args):
-            set_device(device)  # the module lives in this device's context; cheap when already current
-            launch(gx, gy, gz, stream, *args)
-        return launch_on_device
-
-    def _activate_triton(self):
-        """Install a Triton driver that asks us, not torch, for devices, streams and capabilities."""
-        from triton.backends.nvidia.driver import CudaDriver, CudaLauncher, CudaUtils
-        from triton.runtime import driver as triton_driver
-        outer = self
-
-        class MinitensorTritonDriver(CudaDriver):
-            def __init__(self):  # CudaDriver.__init__ would import torch
-                self.utils = CudaUtils()
-                self.launcher_cls = CudaLauncher
-
-            def get_current_device(self):
-                return outer.current_device()
-
-            def set_current_device(self, device):
-                outer.set_device(device)
-
-            def get_current_stream(self, device):
-                from .. import cuda
-                return cuda.current_stream(device).cuda_stream
-
-            def get_device_capability(self, device):
-                props = outer.properties(device)
-                return props.major, props.minor
-
-            @staticmethod
-            def is_active():
-                return True
-
-        self.current_device()
-        triton_driver.set_active(MinitensorTritonDriver())
+    def _launcher_module(self):
+        if self._native is None:
+            from ..kernels import native
+            module = native.load()
+            module.init(_raise_launch_error)
+            self._native = module
+        return self._native
 
     # ------------------------------------------------------------------ test helpers
     def _timing_kernels(self):

@@ -14,11 +14,13 @@ import hashlib
 import mmap
 import os
 import threading
+
+import numpy as np
 import time
 import uuid
 
 from ..errors import CudaError, OutOfMemoryError
-from .base import DeviceProperties, Driver
+from .base import DeviceProperties, Driver, ThreadDevice
 
 _ALIGNMENT = 512
 _ERRORS = {
@@ -174,6 +176,7 @@ class _Event:
 
 class SimDriver(Driver):
     name = "sim"
+    interprets_kernels = True
 
     def __init__(self):
         count = int(os.environ.get("MINITENSOR_SIM_DEVICES", "1"))
@@ -184,7 +187,7 @@ class SimDriver(Driver):
         self._capacity = capacity
         self._count = count
         self._arenas = [None] * count  # mapped on first use
-        self._tls = threading.local()
+        self._tls = ThreadDevice()
         self._lock = threading.Lock()
         self._default_streams = [None] * count
         self._streams = {}  # handle -> _Stream
@@ -218,7 +221,7 @@ class SimDriver(Driver):
         self._tls.device = device
 
     def current_device(self):
-        return getattr(self._tls, "device", 0)
+        return self._tls.device or 0
 
     def synchronize(self, device):
         for stream in self._device_streams(device):
@@ -305,6 +308,16 @@ class SimDriver(Driver):
             ctypes.memmove(dst, src, nbytes)
         else:
             s.enqueue(lambda: ctypes.memmove(dst, src, nbytes))
+
+    def can_access_peer(self, device, peer):
+        """Simulated devices share the host's memory: each reaches every other one."""
+        return device != peer
+
+    def enable_peer_access(self, device, peer):
+        pass
+
+    def memcpy_peer_async(self, dst, dst_device, src, src_device, nbytes, stream):
+        self._stream(stream).enqueue(lambda: ctypes.memmove(dst, src, nbytes))
 
     # ------------------------------------------------------------------ streams
     def _default_stream(self, device):
@@ -402,7 +415,7 @@ class SimDriver(Driver):
         return (b.mark.time - a.mark.time) * 1000.0
 
     # ------------------------------------------------------------------ kernels
-    def compile(self, device, kernel, signature, constexprs, aligned, num_warps):
+    def interpret(self, device, kernel, signature, constexprs):
         """`kernel` is the interpreted form of a @triton.jit function (see kernels.compat)."""
         from ..kernels import compat
         wrap = compat.interpreter_arg_wrappers(signature)
@@ -412,7 +425,7 @@ class SimDriver(Driver):
             args = [w(a) for w, a in zip(wrap, args)] + tail
 
             def run():
-                with _INTERPRETER_LOCK:
+                with _INTERPRETER_LOCK, np.errstate(all="ignore"):  # a GPU computes inf and nan silently
                     kernel[(gx, gy, gz)](*args)
             self._stream(stream, device).enqueue(run)  # handle 0: the kernel's device's default stream
         return launch

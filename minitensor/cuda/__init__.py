@@ -5,11 +5,20 @@ from ..backends import active_driver
 from ..device import device as _device_type
 from ..errors import CudaError, OutOfMemoryError, check_error
 from .streams import Event, ExternalStream, Stream, current_stream, default_stream, set_stream, stream
+from . import host_memory, memory
+from .host_memory import (host_empty_cache, host_memory_stats, host_register, host_unregister,
+                          reset_accumulated_host_memory_stats, reset_peak_host_memory_stats)
+from .memory import (caching_allocator_alloc, caching_allocator_delete, empty_cache, get_per_process_memory_fraction,
+                     max_memory_allocated, max_memory_reserved, memory_allocated, memory_reserved, memory_snapshot,
+                     memory_stats, reset_accumulated_memory_stats, reset_peak_memory_stats,
+                     set_per_process_memory_fraction)
 
 __all__ = ["CudaError", "Event", "ExternalStream", "Gate", "OutOfMemoryError", "Stream", "backend",
            "check_error", "current_device", "current_stream", "default_stream", "device", "device_count",
            "get_device_capability", "get_device_name", "get_device_properties", "is_available", "manual_seed",
-           "initial_seed", "mem_get_info", "set_device", "set_stream", "sleep", "stream", "synchronize"]
+           "manual_seed_all", "initial_seed", "mem_get_info", "set_device", "set_stream", "sleep", "stream", "synchronize"]
+__all__ += [name for name in memory.__all__ if name != "mem_get_info"]
+__all__ += host_memory.__all__
 
 _DEVICES = []  # one canonical mt.device("cuda", i) per device
 _devices_lock = threading.Lock()
@@ -80,7 +89,16 @@ class device:
 
 
 def synchronize(device=None):
-    active_driver().synchronize(_index(device))
+    index = _index(device)
+    active_driver().synchronize(index)
+    raise_device_errors(index)
+
+
+def raise_device_errors(index):
+    """Raise what kernels recorded on device `index` (an out-of-range gather index): synchronising calls run
+    this after their wait, so the error surfaces there, as torch's device-side asserts do."""
+    from ..indexing import raise_pending
+    raise_pending(index)
 
 
 def get_device_properties(d=None):
@@ -121,10 +139,18 @@ class Gate:
 
 
 def manual_seed(seed):
+    """Seed the current device's generator (restarting its offset), as torch.cuda.manual_seed."""
     from .. import random
-    random.manual_seed(seed)
+    random.cuda_manual_seed(seed, current_device())
+
+
+def manual_seed_all(seed):
+    """Seed every device's generator."""
+    from .. import random
+    random.manual_seed_all(seed)
 
 
 def initial_seed():
+    """The current device's seed."""
     from .. import random
-    return random.initial_seed()
+    return random.cuda_generator(current_device()).seed

@@ -1,21 +1,41 @@
-"""Device memory: one caching allocator per device, and the torch.cuda.memory functions over it."""
+"""Device memory: one caching allocator per device (minitensor.allocator), and torch.cuda.memory's
+functions over it.
+
+`MINITENSOR_NO_CACHING=1` sends every request straight to the driver; `MINITENSOR_ALLOC_CONF` and
+`set_allocator_settings` take torch's allocator settings string.
+"""
+import os
 import threading
+import warnings
 
 from ..backends import active_driver
+from .streams import current_stream_handle
+
+__all__ = ["caching_allocator_alloc", "caching_allocator_delete", "empty_cache", "get_per_process_memory_fraction",
+           "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
+           "memory_snapshot", "memory_stats", "reset_accumulated_memory_stats", "reset_peak_memory_stats",
+           "set_allocator_settings", "set_per_process_memory_fraction"]
 
 _allocators = {}
 _lock = threading.Lock()
+_raw = {}  # pointer -> block of caching_allocator_alloc's allocations
+_only = None  # the allocator of device 0 when there is no other: the hot path needs no device lookup
 
 
 def allocator(index):
-    """The caching allocator of device `index`, created on first use."""
+    """The allocator of device `index`, created on first use."""
+    global _only
     a = _allocators.get(index)
     if a is None:
-        from minitensor.allocator import DeviceCachingAllocator
+        from minitensor.allocator import DeviceCachingAllocator, UncachedAllocator, settings
         with _lock:
             a = _allocators.get(index)
             if a is None:
-                a = _allocators[index] = DeviceCachingAllocator(active_driver(), index)
+                cls = UncachedAllocator if os.environ.get("MINITENSOR_NO_CACHING") == "1" else DeviceCachingAllocator
+                driver = active_driver()
+                a = _allocators[index] = cls(driver, index, _checked(settings.current()))
+                if driver.device_count() == 1:
+                    _only = a
     return a
 
 
@@ -24,25 +44,123 @@ def _allocator_of(device):
     return allocator(_index(device))
 
 
+# ---------------------------------------------------------------------------- raw allocations
+def caching_allocator_alloc(size, device=None, stream=None):
+    """`size` bytes from the caching allocator, for use on `stream` (default: the device's current stream);
+    returns the device pointer as an int. Free it with caching_allocator_delete."""
+    if device is None and stream is None:
+        if _only is not None:
+            block = _only.alloc(size, current_stream_handle(0))
+        else:
+            index = active_driver().current_device()
+            block = allocator(index).alloc(size, current_stream_handle(index))
+    else:
+        from . import _index, device as device_context
+        index = _index(device)
+        if stream is None:
+            stream = current_stream_handle(index)
+        elif not isinstance(stream, int):
+            stream = getattr(stream, "cuda_stream", None)
+            if not isinstance(stream, int):
+                raise TypeError("Invalid type for stream argument, must be `minitensor.cuda.Stream` or `int` "
+                                "representing a pointer to a existing stream")
+        with device_context(index):
+            block = allocator(index).alloc(size, stream)
+    ptr = block.ptr
+    if ptr:
+        _raw[ptr] = block
+    return ptr
+
+
+def caching_allocator_delete(mem_ptr):
+    """Free memory from caching_allocator_alloc (0, the pointer of a zero-byte allocation, is ignored)."""
+    block = _raw.pop(mem_ptr, None)
+    if block is None:
+        if mem_ptr == 0:
+            return
+        raise RuntimeError(f"invalid device pointer: {mem_ptr:#x} (not allocated by caching_allocator_alloc, "
+                           "or already freed)")
+    block.free_list.owner.free(block)
+
+
+# ---------------------------------------------------------------------------- statistics
+def memory_stats(device=None):
+    """torch's dict of allocator statistics, keys "<stat>.<all|small_pool|large_pool>.<field>" and counters."""
+    return _allocator_of(device).memory_stats()
+
+
+def memory_allocated(device=None):
+    """Bytes handed out to tensors (rounded block sizes)."""
+    return _allocator_of(device).allocated_bytes()
+
+
+def max_memory_allocated(device=None):
+    return _allocator_of(device).peak("allocated_bytes")
+
+
+def memory_reserved(device=None):
+    """Bytes of the segments the allocator holds from the driver."""
+    return _allocator_of(device).reserved_bytes()
+
+
+def max_memory_reserved(device=None):
+    return _allocator_of(device).peak("reserved_bytes")
+
+
+def reset_peak_memory_stats(device=None):
+    """Set every peak to its current value."""
+    _allocator_of(device).reset_peak_stats()
+
+
+def reset_accumulated_memory_stats(device=None):
+    """Zero the accumulated fields (allocated/freed) and the counters (num_*)."""
+    _allocator_of(device).reset_accumulated_stats()
+
+
+def memory_snapshot():
+    """Every segment of every device, as torch's memory_snapshot() lists them."""
+    return [segment for index in sorted(_allocators) for segment in _allocators[index].snapshot()]
+
+
+def mem_get_info(device=None):
+    from . import mem_get_info as info
+    return info(device)
+
+
+# ---------------------------------------------------------------------------- cache and limits
 def empty_cache():
+    """Wait for blocks other streams still use, then give every unsplit cached segment back to the driver."""
     for a in list(_allocators.values()):
         a.empty_cache()
 
 
-def memory_allocated(device=None):
-    return _allocator_of(device).stats()["allocated_bytes"]
+def set_per_process_memory_fraction(fraction, device=None):
+    """Limit this process's segments on the device to `fraction` of its total memory."""
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    from . import _index
+    index = _index(device)
+    allocator(index).set_memory_fraction(fraction, active_driver().properties(index).total_memory)
 
 
-def max_memory_allocated(device=None):
-    return _allocator_of(device).stats()["peak_allocated_bytes"]
+def get_per_process_memory_fraction(device=None):
+    return _allocator_of(device).memory_fraction()
 
 
-def memory_reserved(device=None):
-    return _allocator_of(device).stats()["reserved_bytes"]
+def set_allocator_settings(settings):
+    """Apply a torch-style settings string, e.g. "max_split_size_mb:128,garbage_collection_threshold:0.8"."""
+    from minitensor.allocator import settings as allocator_settings
+    new = _checked(allocator_settings.update(settings))
+    for a in list(_allocators.values()):
+        a.configure(new)
+    from . import host_memory
+    host_memory.configure(new)
 
 
-def max_memory_reserved(device=None):
-    return _allocator_of(device).stats()["peak_reserved_bytes"]
-
-
-__all__ = ["empty_cache", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"]
+def _checked(settings):
+    if settings.expandable_segments:
+        warnings.warn("expandable_segments:True is not supported by minitensor (the driver interface has no "
+                      "virtual memory mapping); segments keep their size", RuntimeWarning, stacklevel=3)
+    return settings

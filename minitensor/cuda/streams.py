@@ -10,7 +10,14 @@ import threading
 from ..backends import active_driver
 
 _POOL_SIZE = 32
-_tls = threading.local()
+
+
+class _ThreadState(threading.local):
+    """Per thread: the current stream handle per device, or None while every device's is the default (0)."""
+    handles = None
+
+
+_tls = _ThreadState()
 _pool_lock = threading.Lock()
 _pools = {}  # (device, high priority?) -> [handles], filled lazily
 _next_in_pool = {}
@@ -24,7 +31,7 @@ def _driver():
 
 def _current_handles():
     """This thread's current stream handle per device (0, the default stream, until set)."""
-    handles = getattr(_tls, "handles", None)
+    handles = _tls.handles
     if handles is None:
         handles = _tls.handles = [0] * _driver().device_count()
     return handles
@@ -32,7 +39,7 @@ def _current_handles():
 
 def current_stream_handle(index):
     """The raw handle kernels launch on: the hot path, so no Stream object is built."""
-    handles = getattr(_tls, "handles", None)
+    handles = _tls.handles
     return 0 if handles is None else handles[index]
 
 
@@ -72,7 +79,9 @@ class Stream:
         return self._on_device(_driver().stream_query, self.cuda_stream)
 
     def synchronize(self):
+        from . import raise_device_errors
         self._on_device(_driver().stream_synchronize, self.cuda_stream)
+        raise_device_errors(self.device.index)
 
     def wait_event(self, event):
         """Make future work on this stream wait for the event's last record."""
@@ -200,7 +209,9 @@ class Event:
 
     def synchronize(self):
         if self._handle is not None:
+            from . import raise_device_errors
             _driver().event_synchronize(self._handle)
+            raise_device_errors(self._device.index)
 
     def wait(self, stream=None):
         (current_stream() if stream is None else stream).wait_event(self)

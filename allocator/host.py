@@ -1,0 +1,340 @@
+"""Pinned host memory: torch's caching host allocator policy (aten/src/ATen/core/CachingHostAllocator.h), in
+pure Python over the driver protocol (host_alloc/host_free, host_register/host_unregister, events).
+
+Policy (reference/allocator.md):
+- Requests round up to a power of two; a freed block goes back to the free list of exactly its size and is
+  reused last in, first out. Blocks are never split nor merged. Zero bytes gives the null block.
+- A non_blocking copy that reads or writes a block records its stream on it (`record_stream`). Freeing the
+  block then records one event per such stream, and it is reusable only once all have completed. Pending
+  events are processed oldest first, stopping at the first not complete: before each allocation, or with
+  `pinned_use_background_threads:True` by one background thread instead (every ~100 us while any pend).
+- Memory comes from the driver's `host_alloc` (cuMemHostAlloc), or with `pinned_use_host_register:True` from
+  ordinary memory (an anonymous mapping) whose pages are touched first, by `pinned_num_register_threads`
+  threads when it is large enough, then `host_register`ed (cuMemHostRegister).
+- `empty_cache` processes the events, then gives every cached block back to the driver.
+
+Freeing takes no lock: it runs from a storage's __del__, which the garbage collector may call inside an
+allocator call on the same thread. The block joins a queue that the next call under the lock completes, in
+order, before it reads or changes anything, so no caller sees the difference.
+
+Statistics (host_stats.py): unlike torch, the active stats go down on every path that makes a block free
+again (torch forgets the free of a block no stream was recorded on).
+"""
+import collections
+import ctypes
+import mmap
+import sys
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .host_stats import HostStats
+from .settings import Settings
+
+MAX_REGISTER_THREADS = 128  # pinned_num_register_threads' limit
+PAGE = 4096  # pages are touched one byte per 4 KiB, as torch does, before cuMemHostRegister
+_POLL_S = 1e-4  # how often the background thread looks at pending events
+
+
+class HostBlock:
+    """`size` bytes of pinned host memory at `ptr`."""
+
+    __slots__ = ("ptr", "size", "mapping", "streams", "events", "pending", "array")
+
+    def __init__(self, ptr, size, mapping):
+        self.ptr = ptr
+        self.size = size
+        self.mapping = mapping  # the ordinary memory behind a registered block; None for host_alloc memory
+        self.streams = None  # {(device, stream handle)} recorded by non_blocking copies while handed out
+        self.events = None  # [(event, device)] recorded at free, until the allocator queues them
+        self.pending = 0  # events still to complete before the block is free
+        self.array = None  # the numpy array a storage views it through, kept for the next storage
+
+    def __repr__(self):
+        return f"HostBlock(ptr={self.ptr:#x}, size={self.size})"
+
+
+class HostCachingAllocator:
+    """The process's pinned host memory cache."""
+
+    def __init__(self, driver, settings=None):
+        self.driver = driver
+        self.stats = HostStats()
+        self.null = HostBlock(0, 0, None)
+        self._lock = threading.Lock()
+        self._bins = {}  # size -> cached blocks, the last freed at the end
+        self._freed = collections.deque()  # blocks freed, their frees not yet completed under the lock
+        self._events = collections.deque()  # (event, device, block), oldest first
+        self._spare_events = collections.defaultdict(list)  # device -> completed events, recorded again
+        self._pool = None  # threads that touch the pages of memory to register, started as needed
+        self._thread = None  # the background event thread, while pinned_use_background_threads is on
+        self._wake = threading.Event()
+        self.configure(Settings() if settings is None else settings)
+
+    def configure(self, settings):
+        """Apply allocator settings (the pinned_* keys); cached blocks stay as they are."""
+        with self._lock:
+            self.settings = settings
+            if settings.pinned_use_background_threads and self._thread is None:
+                self._thread = threading.Thread(target=self._background, daemon=True,
+                                                name="minitensor-pinned-events")
+                self._thread.start()
+            elif not settings.pinned_use_background_threads and self._thread is not None:
+                self._thread = None  # it sees this and stops
+                self._wake.set()
+
+    # ------------------------------------------------------------------ the interface storages and copies use
+    def alloc(self, nbytes):
+        """A block of at least `nbytes` bytes (the next power of two); 0 bytes: the null block."""
+        if nbytes <= 0:
+            if nbytes < 0:
+                raise ValueError(f"cannot allocate {nbytes} bytes of pinned memory: expected a size >= 0")
+            return self.null
+        size = 1 << (nbytes - 1).bit_length()
+        with self._lock:
+            freed = self._freed
+            if freed:
+                block = freed[0]
+                if len(freed) == 1 and block.size == size and block.events is None and not self._events:
+                    # the hot path: the block just freed is the one the cache hands out (last in, first
+                    # out); its free and this allocation leave every current value and peak as they were
+                    freed.popleft()
+                    stats = self.stats
+                    stats.active_requests.allocated += 1
+                    stats.active_requests.freed += 1
+                    stats.active_bytes.allocated += size
+                    stats.active_bytes.freed += size
+                    return block
+                self._settle()
+            if self._events and self._thread is None:
+                self._process_events()
+            bin_ = self._bins.get(size)
+            if bin_:
+                block = bin_.pop()
+                self._count_taken(size)
+                return block
+        block, us = self._new_block(size)  # without the lock: the driver takes a millisecond or more
+        with self._lock:
+            stats = self.stats
+            stats.allocations.increase(1)
+            stats.allocated_bytes.increase(size)
+            stats.num_host_alloc += 1
+            stats.host_alloc_time.add(us)
+            self._count_taken(size)
+        return block
+
+    def free(self, block):
+        """Give a block back: reusable at once, or once the streams recorded on it reach this point.
+
+        A block whose numpy array is still referenced from outside its storage (a view from t.numpy()) comes
+        back only when that array dies, so the memory under a live view is never handed out again."""
+        if not block.size:
+            return
+        if _array_refs(block) > _OWNED_REFS:
+            array, block.array = block.array, None
+            weakref.finalize(array, self.free, block)
+            return
+        if block.streams:
+            self._record_events(block)
+        self._freed.append(block)  # thread-safe without the lock
+        if block.events and self._thread is not None:
+            self._wake.set()
+
+    def record_stream(self, block, device, stream):
+        """A copy on `stream` (a handle of device `device`) uses the block: its free waits for that work."""
+        if not block.size:
+            return
+        if block.streams is None:
+            block.streams = {(device, stream)}
+        else:
+            block.streams.add((device, stream))
+
+    # ------------------------------------------------------------------ the torch.cuda functions
+    def empty_cache(self):
+        """Process the pending events, then give every cached block back to the driver."""
+        with self._lock:
+            self._settle()
+            self._process_events()
+            blocks = [block for bin_ in self._bins.values() for block in bin_]
+            self._bins.clear()
+        for block in blocks:
+            start = time.perf_counter()
+            self._release(block)
+            us = (time.perf_counter() - start) * 1e6
+            with self._lock:
+                stats = self.stats
+                stats.allocations.decrease(1)
+                stats.allocated_bytes.decrease(block.size)
+                stats.num_host_free += 1
+                stats.host_free_time.add(us)
+
+    def memory_stats(self):
+        with self._lock:
+            self._settle()
+            return self.stats.as_dict()
+
+    def reset_peak_stats(self):
+        with self._lock:
+            self._settle()
+            self.stats.reset_peaks()
+
+    def reset_accumulated_stats(self):
+        with self._lock:
+            self._settle()
+            self.stats.reset_accumulated()
+
+    # ------------------------------------------------------------------ under the lock
+    def _count_taken(self, size):
+        stats = self.stats
+        stats.active_requests.increase(1)
+        stats.active_bytes.increase(size)
+
+    def _settle(self):
+        """Complete the queued frees, in order: cache each block, or queue its events."""
+        freed, events = self._freed, self._events
+        while freed:
+            block = freed.popleft()
+            if block.events:
+                for event, device in block.events:
+                    events.append((event, device, block))
+                block.events = None
+            else:
+                self._cache(block)
+
+    def _cache(self, block):
+        bin_ = self._bins.get(block.size)
+        if bin_ is None:
+            self._bins[block.size] = [block]
+        else:
+            bin_.append(block)
+        stats = self.stats
+        stats.active_requests.decrease(1)
+        stats.active_bytes.decrease(block.size)
+
+    def _process_events(self):
+        """Cache the blocks whose events have all completed, oldest event first, stopping at the first
+        that has not."""
+        events, query = self._events, self.driver.event_query
+        while events:
+            event, device, block = events[0]
+            if not query(event):
+                return
+            events.popleft()
+            self._spare_events[device].append(event)
+            block.pending -= 1
+            if not block.pending:
+                self._cache(block)
+
+    def _background(self):
+        """pinned_use_background_threads: process events while any are pending, sleep otherwise."""
+        me = threading.current_thread()
+        try:
+            while self._thread is me:
+                self._wake.wait()
+                self._wake.clear()
+                with self._lock:
+                    self._settle()
+                    self._process_events()
+                    pending = bool(self._events)
+                if pending:
+                    self._wake.set()
+                    time.sleep(_POLL_S)
+        except BaseException:
+            self._thread = None  # allocations process the events again, and meet the error themselves
+            raise
+
+    # ------------------------------------------------------------------ without the lock
+    def _record_events(self, block):
+        """One event per stream that used the block, recorded on that stream's device."""
+        driver = self.driver
+        previous = driver.current_device()
+        events = []
+        try:
+            for device, stream in sorted(block.streams):
+                if driver.current_device() != device:
+                    driver.set_device(device)
+                spare = self._spare_events[device]
+                try:
+                    event = spare.pop()
+                except IndexError:
+                    event = driver.event_create(device, False, False)
+                driver.event_record(event, stream)
+                events.append((event, device))
+        finally:
+            if driver.current_device() != previous:
+                driver.set_device(previous)
+            block.streams = None
+            block.pending = len(events)
+            block.events = events
+
+    def _new_block(self, size):
+        """A new block from the driver, and how long that took in microseconds."""
+        start = time.perf_counter()
+        if self.settings.pinned_use_host_register:
+            mapping = mmap.mmap(-1, size)
+            ptr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+            self._touch_pages(ptr, size, self.settings.pinned_num_register_threads)
+            try:
+                self.driver.host_register(ptr, size)
+            except BaseException:
+                mapping.close()
+                raise
+        else:
+            mapping = None
+            ptr = self.driver.host_alloc(size)
+        return HostBlock(ptr, size, mapping), (time.perf_counter() - start) * 1e6
+
+    def _touch_pages(self, ptr, size, threads):
+        """Fault every page in (one byte per 4 KiB), split across `threads` threads when there are enough
+        pages, so that registering it does not fault them under the driver's lock."""
+        pages = -(-size // PAGE)
+        if threads <= 1 or size < PAGE * threads:
+            _touch(ptr, 0, pages)
+            return
+        if self._pool is None:  # torch keeps a pool too: a new thread costs more than touching its pages
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=MAX_REGISTER_THREADS,
+                                                    thread_name_prefix="minitensor-pin")
+        per_thread = -(-pages // threads)
+        futures = [self._pool.submit(_touch, ptr, first, min(first + per_thread, pages))
+                   for first in range(0, pages, per_thread)]
+        for future in futures:
+            future.result()
+
+    def _release(self, block):
+        block.array = None  # a cached block has no view outside the allocator: this was the last
+        if block.mapping is None:
+            self.driver.host_free(block.ptr)
+        else:
+            self.driver.host_unregister(block.ptr)
+            block.mapping.close()
+
+
+def _array_refs(block):
+    """getrefcount of the block's array as seen from here, 0 without one."""
+    array = block.array
+    return sys.getrefcount(array) if array is not None else 0
+
+
+def _owned_refs():
+    """_array_refs of a block whose array only the block and its storage hold (the count getrefcount gives
+    differs between Python versions, so it is measured)."""
+    block = HostBlock(0, 0, None)
+    storage = [np.empty(1)]  # holds the array as a storage does
+    block.array = storage[0]
+    return _array_refs(block)
+
+
+_OWNED_REFS = _owned_refs()
+
+
+def _touch(ptr, first, last):
+    """Write one byte in each page from `first` to `last` (exclusive) of the memory at `ptr`."""
+    if last > first:
+        pages = np.frombuffer((ctypes.c_uint8 * ((last - first - 1) * PAGE + 1)).from_address(ptr + first * PAGE),
+                              np.uint8)
+        pages[::PAGE] = 0

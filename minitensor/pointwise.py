@@ -1,0 +1,477 @@
+"""Pointwise ops (unary, binary, where, clamp) with broadcasting, Python scalars, torch's type promotion
+and `out=`; in-place forms are the same ops with out=self.
+
+Each call's checks and typing run once per signature: the operands' dtypes, shapes, strides and devices
+(or, for a Python number, its type). The result is a `run` function kept in `_runs`, so a repeated call is
+one dict lookup, an allocation and one kernel launch. cuda tensors run Triton kernels (kernels/plans.py);
+CPU tensors run numpy, in the same compute types.
+"""
+import math
+
+import numpy as np
+
+from . import dtypes
+from . import tensor as _tensor
+from .cuda import memory
+from .cuda.streams import _tls as _streams_tls, current_stream_handle
+from .device import CPU
+from .ops import _scalar_for, broadcast_shapes, numpy_values, numpy_view, plans, to_storage_values
+from .storage import UntypedStorage
+
+_TORCH_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long",
+                "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double"}
+
+# name -> kernel op code (kernels/elementwise.py `_binary_op`) and numpy function
+_BINARY = {
+    "add": (0, np.add), "sub": (1, np.subtract), "mul": (2, np.multiply), "div": (3, np.true_divide),
+    "bitwise_or": (4, np.bitwise_or), "bitwise_and": (5, np.bitwise_and), "bitwise_xor": (6, np.bitwise_xor),
+    "floor_divide": (7, np.floor_divide), "remainder": (8, np.remainder), "pow": (9, None),
+    "maximum": (10, np.maximum), "minimum": (11, np.minimum),
+    "eq": (12, np.equal), "ne": (13, np.not_equal), "lt": (14, np.less), "le": (15, np.less_equal),
+    "gt": (16, np.greater), "ge": (17, np.greater_equal),
+}
+_COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge"}
+_BITWISE = {"bitwise_or", "bitwise_and", "bitwise_xor"}
+_BOOL_FORMS = {"add": "bitwise_or", "mul": "bitwise_and", "maximum": "bitwise_or", "minimum": "bitwise_and"}
+
+# name -> kernel op code (`_unary_op`) and numpy function
+_UNARY = {
+    "neg": (0, np.negative), "abs": (1, np.abs), "exp": (2, np.exp), "log": (3, np.log), "sqrt": (4, np.sqrt),
+    "rsqrt": (5, lambda x: 1 / np.sqrt(x)), "sin": (6, np.sin), "cos": (7, np.cos), "tanh": (8, np.tanh),
+    "sigmoid": (9, lambda x: 1 / (1 + np.exp(-x))), "relu": (10, lambda x: np.where(x < 0, x.dtype.type(0), x)),
+    "floor": (11, np.floor), "ceil": (12, np.ceil), "round": (13, np.rint), "bitwise_not": (14, np.invert),
+    "logical_not": (15, np.logical_not),
+}
+_FLOAT_FUNCTIONS = {"exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid"}
+_WHERE, _CLAMP = 0, 1
+
+# Named forms: Tensor methods with their in-place twins (tensor.py) and mt.* functions with out= (FUNCTIONS).
+BINARY_METHODS = ("mul", "div", "floor_divide", "remainder", "pow", "maximum", "minimum", "bitwise_and",
+                  "bitwise_or", "bitwise_xor", "eq", "ne", "lt", "le", "gt", "ge")
+UNARY_METHODS = tuple(name for name in _UNARY if name != "logical_not")
+ALIASES = {"multiply": "mul", "divide": "div", "true_divide": "div", "greater": "gt", "less": "lt",
+           "greater_equal": "ge", "less_equal": "le", "not_equal": "ne", "negative": "neg", "absolute": "abs"}
+
+_runs = {}  # signature -> run(*operands, out) for cuda ops already checked once
+
+
+def _key(x):
+    """What an operand contributes to an op's signature: layout for a tensor, type for a number."""
+    if type(x) is _tensor.Tensor:
+        return x.dtype, x._shape, x._stride, x.device.index  # index is None for the CPU
+    return type(x)
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+def binary(name, a, b, out=None, alpha=1, comparison=False):
+    """`a (op) b`; into `out` when given (the in-place forms pass out=a). `comparison`: called as a comparison
+    operator, which answers NotImplemented for an operand that is neither a tensor nor a number."""
+    if alpha == 1:
+        Tensor = _tensor.Tensor  # the signature, as _key builds it, inline: this is the hottest path
+        key = (name, (a.dtype, a._shape, a._stride, a.device.index) if type(a) is Tensor else type(a),
+               (b.dtype, b._shape, b._stride, b.device.index) if type(b) is Tensor else type(b),
+               None if out is None else (out.dtype, out._shape, out._stride, out.device.index))
+        run = _runs.get(key)
+        if run is not None:
+            return run(a, b, out)
+    else:
+        key = None
+        b = _apply_alpha(b, alpha, a)
+    Tensor = _tensor.Tensor
+    if comparison and not isinstance(b, (Tensor, bool, int, float, np.generic)):
+        return NotImplemented
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        raise TypeError(f"{name}(): expected at least one Tensor operand")
+    a, b = _operand_value(a), _operand_value(b)
+    if out is not None:  # torch checks devices, the shape, the cast, then whether the op supports the dtype
+        _common_device([x for x in (a, b) if isinstance(x, Tensor)], out)
+        _check_out_shape((a, b), out)
+    op, result, compute, out_dtype = _binary_types(name, a, b, out)
+    return _dispatch(key, ("binary", op), (a, b), result, compute, out_dtype, out)
+
+
+def power(a, b, out=None):
+    """`a ** b`: an integer exponent's sign matters to the checks, but not to the cached signature."""
+    if type(b) is int and b < 0 and isinstance(a, _tensor.Tensor) and not a.dtype.is_floating_point:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    return binary("pow", a, b, out)
+
+
+def unary(name, x, out=None):
+    Tensor = _tensor.Tensor
+    key = (name, (x.dtype, x._shape, x._stride, x.device.index) if type(x) is Tensor else type(x),
+           None if out is None else (out.dtype, out._shape, out._stride, out.device.index))
+    run = _runs.get(key)
+    if run is not None:
+        return run(x, out)
+    if not isinstance(x, _tensor.Tensor):
+        raise TypeError(f"{name}(): argument 'input' must be Tensor, not {type(x).__name__}")
+    op, result, compute = _unary_types(name, x.dtype)
+    return _dispatch(key, ("unary", op), (x,), result, compute, result, out)
+
+
+def where(condition, a, b, out=None):
+    Tensor = _tensor.Tensor
+    key = ("where",
+           (condition.dtype, condition._shape, condition._stride, condition.device.index)
+           if type(condition) is Tensor else type(condition),
+           (a.dtype, a._shape, a._stride, a.device.index) if type(a) is Tensor else type(a),
+           (b.dtype, b._shape, b._stride, b.device.index) if type(b) is Tensor else type(b),
+           None if out is None else _key(out))
+    run = _runs.get(key)
+    if run is not None:
+        return run(condition, a, b, out)
+    if not isinstance(condition, Tensor):
+        raise TypeError(f"where(): argument 'condition' must be Tensor, not {type(condition).__name__}")
+    if condition.dtype is not dtypes.bool_:
+        raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype "
+                           f"{_TORCH_NAMES[condition.dtype.name]}")
+    a, b = _operand_value(a), _operand_value(b)
+    cuda_operand = next((x for x in (a, b, out) if isinstance(x, Tensor) and x.device.type == "cuda"), None)
+    if condition.device.type == "cpu" and condition.dim() == 0 and cuda_operand is not None:
+        condition, key = condition.to(cuda_operand.device), None  # as torch; not cached: it moves every call
+    result = dtypes.result_type(a, b)
+    return _dispatch(key, ("ternary", _WHERE), (condition, a, b), result, _compute(result), result, out)
+
+
+def clamp(x, min=None, max=None, out=None):
+    key = ("clamp", _key(x), _key(min), _key(max), None if out is None else _key(out))
+    run = _runs.get(key)
+    if run is not None:
+        return run(x, min, max, out)
+    if not isinstance(x, _tensor.Tensor):
+        raise TypeError(f"clamp(): argument 'input' must be Tensor, not {type(x).__name__}")
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    bounds = [_operand_value(v) for v in (min, max) if v is not None]
+    result = dtypes.result_type(x, *bounds)
+    if result is dtypes.bool_:
+        raise RuntimeError(_not_implemented("clamp", x.device, dtypes.bool_))
+    return _dispatch(key, ("ternary", _CLAMP), (x, min, max), result, _compute(result), result, out)
+
+
+# ---------------------------------------------------------------------------------------------- typing
+def _compute(result):
+    """Half types compute in float32, as torch's kernels do."""
+    return dtypes.float32 if result in (dtypes.float16, dtypes.bfloat16) else result
+
+
+def _not_implemented(name, device, dtype):
+    return f'"{name}_{device.type}" not implemented for \'{_TORCH_NAMES[dtype.name]}\''
+
+
+def _binary_types(name, a, b, out):
+    """(kernel op, result dtype, compute dtype, output dtype) of `a (name) b`, or torch's error."""
+    Tensor = _tensor.Tensor
+    result = dtypes.result_type(a, b)
+    device = next(x.device for x in (a, b) if isinstance(x, Tensor))
+    bools = [isinstance(x, bool) or _dtype_of(x) is dtypes.bool_ for x in (a, b)]
+    if name == "sub" and all(bools):
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or "
+                           "`logical_xor()` operator instead.")
+    if name == "sub" and any(bools):
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying "
+                           "to invert a mask, use the `~` or `logical_not()` operator instead.")
+    if name == "div" and not result.is_floating_point:
+        result = dtypes.default_float
+    if out is not None and name not in _COMPARISONS:
+        _check_cast(result, out)
+    if name in _BITWISE and result.is_floating_point:
+        raise RuntimeError(_not_implemented(name, device, result))
+    if name in ("floor_divide", "remainder", "pow") and result is dtypes.bool_:
+        raise RuntimeError(_not_implemented(name, device, result))
+    if name == "pow" and not result.is_floating_point and isinstance(b, int) and b < 0:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    if result is dtypes.bool_ and name in _BOOL_FORMS:
+        name = _BOOL_FORMS[name]
+    out_dtype = dtypes.bool_ if name in _COMPARISONS else result
+    return _BINARY[name][0], result, _compute(result), out_dtype
+
+
+def _unary_types(name, dtype):
+    """(kernel op, result dtype, compute dtype) of `name(x)` for an x of `dtype`, or torch's error."""
+    if name in _FLOAT_FUNCTIONS:
+        result = dtype if dtype.is_floating_point else dtypes.default_float
+        return _UNARY[name][0], result, _compute(result)
+    if dtype is dtypes.bool_:
+        if name == "bitwise_not":
+            return _UNARY["logical_not"][0], dtype, dtype
+        if name == "neg":
+            raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. If you are trying to "
+                               "invert a mask, use the `~` or `logical_not()` operator instead.")
+        if name == "relu":
+            raise RuntimeError("Boolean inputs not supported for relu")
+        raise RuntimeError(f'"{name}" not implemented for \'Bool\'')
+    if name == "bitwise_not" and dtype.is_floating_point:
+        raise RuntimeError(f'"bitwise_not" not implemented for \'{_TORCH_NAMES[dtype.name]}\'')
+    return _UNARY[name][0], dtype, _compute(dtype)
+
+
+def _dtype_of(x):
+    return x.dtype if isinstance(x, _tensor.Tensor) else None
+
+
+def _operand_value(x):
+    """A tensor as is; a number as a plain Python number; anything else refused."""
+    if isinstance(x, _tensor.Tensor):
+        return x
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, complex) or not isinstance(x, (bool, int, float)):
+        raise TypeError(f"unsupported operand type: {type(x).__name__} (minitensor supports tensors and real "
+                        "Python numbers)")
+    return x
+
+
+def _apply_alpha(b, alpha, a):
+    Tensor = _tensor.Tensor
+    kinds = [x.dtype for x in (a, b) if isinstance(x, Tensor)]
+    if isinstance(alpha, float) and all(not k.is_floating_point for k in kinds):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+    return binary("mul", b, alpha) if isinstance(b, Tensor) else b * alpha
+
+
+# ---------------------------------------------------------------------------------------------- running
+def _dispatch(key, kernel, operands, result, compute, out_dtype, out):
+    """Check devices and shapes, then run on the CPU or build, remember and call the cuda fast path.
+    `operands` may hold tensors, Python numbers and None (a clamp bound not given)."""
+    Tensor = _tensor.Tensor
+    if compute is not result and any(isinstance(x, Tensor) and x.dtype not in (result, dtypes.bool_)
+                                     for x in operands):
+        # a half-type result: torch rounds tensor operands of other types to it before computing in float32
+        operands = tuple(x.to(result) if isinstance(x, Tensor) and x.dtype is not dtypes.bool_ else x
+                         for x in operands)
+        key = None
+    tensors = [x for x in operands if isinstance(x, Tensor)]
+    device = _common_device(tensors, out)
+    shape = broadcast_shapes(*(x._shape for x in tensors))
+    if out is not None:
+        _check_out_shape(tensors, out)
+        _check_cast(out_dtype, out)
+        if out.dtype is not out_dtype and out_dtype in (dtypes.float16, dtypes.bfloat16):
+            # torch rounds to the result type before widening into out: go through a result-typed temporary
+            return out.copy_(_dispatch(None, kernel, operands, result, compute, out_dtype, None))
+        out_dtype = out.dtype
+    if device.type == "cpu":
+        if out is None:
+            out = Tensor._empty(shape, out_dtype, device)
+        if out.numel():
+            _run_numpy(kernel, operands, shape, result, compute, out)
+        return out
+    run = _cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out)
+    if key is not None and all(x.device == device for x in tensors):  # a 0-d CPU operand changes per call
+        _runs[key] = run
+    return run(*operands, out)
+
+
+def _check_out_shape(operands, out):
+    shape = broadcast_shapes(*(x._shape for x in operands if isinstance(x, _tensor.Tensor)))
+    if out._shape != shape:
+        raise RuntimeError(f"output with shape {list(out._shape)} doesn't match the broadcast shape {list(shape)}")
+
+
+def _check_cast(result, out):
+    if not dtypes.can_cast(result, out.dtype):
+        raise RuntimeError(f"result type {_TORCH_NAMES[result.name]} can't be cast to the desired output type "
+                           f"{_TORCH_NAMES[out.dtype.name]}")
+
+
+def _common_device(tensors, out):
+    """The device the op runs on. A 0-d CPU tensor may join a cuda op, as in torch (it becomes a scalar)."""
+    devices = {x.device for x in tensors if not (x.device.type == "cpu" and x.dim() == 0)}
+    if out is not None:
+        devices.add(out.device)
+    if not devices:
+        return CPU
+    if len(devices) > 1:
+        first, second = sorted(devices, key=str)[:2]
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{first} and {second}!")
+    return devices.pop()
+
+
+def _cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out):
+    """The checked-once fast path of a cuda op, for operands laid out as these are: run(*operands, out)."""
+    Tensor = _tensor.Tensor
+    family, op = kernel
+    on_device = [isinstance(x, Tensor) and x.device == device for x in operands]
+    empty = math.prod(shape) == 0
+    out_strides = _tensor.contiguous_strides(shape) if out is None else out._stride
+    index = device.index
+    nbytes = math.prod(shape) * out_dtype.itemsize
+    allocator = memory.allocator(index)
+    plan = None if empty else _plan(family, op, operands, on_device, shape, out_dtype, out_strides, compute, index)
+
+    if not empty and all(on_device) and plan.contiguous:
+        return _contiguous_run(family, plan, [x.dtype.itemsize for x in operands], nbytes, device, allocator, shape,
+                               out_strides, out_dtype)
+
+    def scalar(x):
+        if x is None:  # an absent clamp bound
+            return 0
+        return _scalar_for(compute, x.item() if isinstance(x, Tensor) else x)
+
+    has_scalars = family != "unary"
+
+    def run(*args):
+        *xs, out = args
+        stream = current_stream_handle(index)
+        if out is None:
+            out = Tensor(UntypedStorage._allocate(nbytes, device, allocator, stream), shape, out_strides, 0,
+                         out_dtype)
+        if not empty:
+            pointers = [x.data_ptr() if dev else 0 for x, dev in zip(xs, on_device)]
+            pointers.append(out.data_ptr())
+            scalars = [0 if dev else scalar(x) for x, dev in zip(xs, on_device)] if has_scalars else ()
+            plan.run(stream, pointers, scalars)
+        return out
+    return run
+
+
+def _contiguous_run(family, plan, itemsizes, nbytes, device, allocator, shape, out_strides, out_dtype):
+    """The hottest paths: contiguous device tensors, into `out` or a new output, one closure per arity with
+    the launch inline (a misaligned pointer takes the plan's general run)."""
+    Tensor = _tensor.Tensor
+    launch, grid, n = plan.contiguous
+    plan_run = plan.run
+    index = device.index
+    new_storage = UntypedStorage._allocate
+    o_size = out_dtype.itemsize
+
+    if family == "unary":
+        x_size, = itemsizes
+
+        def run_unary(x, out):
+            handles = _streams_tls.handles
+            stream = 0 if handles is None else handles[index]
+            if out is None:
+                out = Tensor(new_storage(nbytes, device, allocator, stream), shape, out_strides, 0, out_dtype)
+            px = x._storage._block.ptr + x._offset * x_size
+            po = out._storage._block.ptr + out._offset * o_size
+            if (px | po) & 15:
+                plan_run(stream, (px, po), ())
+            else:
+                launch(grid, 1, 1, stream, px, po, n)
+            return out
+        return run_unary
+
+    if family == "binary":
+        a_size, b_size = itemsizes
+
+        def run_binary(a, b, out):
+            handles = _streams_tls.handles
+            stream = 0 if handles is None else handles[index]
+            if out is None:
+                out = Tensor(new_storage(nbytes, device, allocator, stream), shape, out_strides, 0, out_dtype)
+            pa = a._storage._block.ptr + a._offset * a_size
+            pb = b._storage._block.ptr + b._offset * b_size
+            po = out._storage._block.ptr + out._offset * o_size
+            if (pa | pb | po) & 15:
+                plan_run(stream, (pa, pb, po), (0, 0))
+            else:
+                launch(grid, 1, 1, stream, pa, pb, po, 0, 0, n)
+            return out
+        return run_binary
+
+    a_size, b_size, c_size = itemsizes
+
+    def run_ternary(a, b, c, out):
+        handles = _streams_tls.handles
+        stream = 0 if handles is None else handles[index]
+        if out is None:
+            out = Tensor(new_storage(nbytes, device, allocator, stream), shape, out_strides, 0, out_dtype)
+        pa = a._storage._block.ptr + a._offset * a_size
+        pb = b._storage._block.ptr + b._offset * b_size
+        pc = c._storage._block.ptr + c._offset * c_size
+        po = out._storage._block.ptr + out._offset * o_size
+        if (pa | pb | pc | po) & 15:
+            plan_run(stream, (pa, pb, pc, po), (0, 0, 0))
+        else:
+            launch(grid, 1, 1, stream, pa, pb, pc, po, 0, 0, 0, n)
+        return out
+    return run_ternary
+
+
+def _plan(family, op, operands, on_device, shape, out_dtype, out_strides, compute, index):
+    Tensor = _tensor.Tensor
+    operand_dtypes = [x.dtype if dev else plans().ABSENT if x is None else None
+                      for x, dev in zip(operands, on_device)]
+    strides = [x.expand(shape)._stride if dev else None for x, dev in zip(operands, on_device)]
+    if family == "unary":
+        return plans().unary_plan(op, operand_dtypes[0], out_dtype, shape, strides[0], out_strides, compute, index)
+    if family == "binary":
+        return plans().binary_plan(op, *operand_dtypes, out_dtype, shape, *strides, out_strides, compute, index)
+    assert isinstance(operands[0], Tensor)
+    return plans().ternary_plan(op, *operand_dtypes, out_dtype, shape, *strides, out_strides, compute, index)
+
+
+def _run_numpy(kernel, operands, shape, result, compute, out):
+    """The CPU side: numpy in the same compute type as the kernels."""
+    Tensor = _tensor.Tensor
+    family, op = kernel
+    np_compute = np.float32 if compute is dtypes.bfloat16 else compute.np
+
+    def values(x, np_type=np_compute):
+        if isinstance(x, Tensor):
+            return np.broadcast_to(numpy_values(x).astype(np_type, copy=False), shape)
+        return np.array(x).astype(np_type)
+
+    with np.errstate(all="ignore"):
+        if family == "unary":
+            function = next(f for o, f in _UNARY.values() if o == op)
+            rounding = op in (_UNARY["floor"][0], _UNARY["ceil"][0], _UNARY["round"][0])
+            r = values(operands[0]) if rounding and not compute.is_floating_point else function(values(operands[0]))
+        elif family == "binary":
+            a, b = values(operands[0]), values(operands[1])
+            r = _numpy_binary(op, a, b, compute)
+        elif op == _WHERE:
+            r = np.where(values(operands[0], np.bool_), values(operands[1]), values(operands[2]))
+        else:
+            r = values(operands[0])
+            if operands[1] is not None:
+                r = np.maximum(r, values(operands[1]))
+            if operands[2] is not None:
+                r = np.minimum(r, values(operands[2]))
+        r = np.asarray(r)
+        if r.dtype != np.bool_:
+            r = r.astype(np_compute, copy=False)
+    numpy_view(out)[...] = to_storage_values(r, out.dtype)
+
+
+def _numpy_binary(op, a, b, compute):
+    if op == _BINARY["pow"][0]:
+        if compute.is_floating_point:
+            return np.power(a, b)
+        return _int_pow(a, b)
+    if op in (_BINARY["floor_divide"][0], _BINARY["remainder"][0]) and not compute.is_floating_point:
+        if np.any(b == 0):
+            raise RuntimeError("ZeroDivisionError")
+    function = next(f for o, f in _BINARY.values() if o == op)
+    return function(a, b)
+
+
+def _int_pow(a, b):
+    """Integer powers as torch computes them: wrapping, and for negative exponents 1, +-1 or 0."""
+    a, b = np.broadcast_arrays(a, b)
+    r = np.power(a, np.where(b < 0, 0, b))
+    unit = np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 1, -1, 1), 0)).astype(a.dtype)
+    return np.where(b < 0, unit, r)
+
+
+def _binary_function(name):
+    def function(input, other, *, out=None):
+        return power(input, other, out) if name == "pow" else binary(name, input, other, out=out)
+    function.__name__ = function.__qualname__ = name
+    return function
+
+
+def _unary_function(name):
+    def function(input, *, out=None):
+        return unary(name, input, out=out)
+    function.__name__ = function.__qualname__ = name
+    return function
+
+
+FUNCTIONS = {name: _binary_function(name) for name in BINARY_METHODS}
+FUNCTIONS.update((name, _unary_function(name)) for name in UNARY_METHODS)
+FUNCTIONS.update((alias, FUNCTIONS[name]) for alias, name in ALIASES.items())
