@@ -39,13 +39,14 @@ from .settings import Settings
 from .sizes import MIN_BLOCK, ONE_EB, OVERSIZE_SLACK, SMALL_SIZE, format_size, round_size, segment_size
 from .snapshot import segment_dict
 from .stats import DeviceStats
+from .stats_reset import StatsReset
 
 _UNLIMITED = 1 << 64  # max_split_size when none is set: no block reaches it
 # How freeing the victim and taking it again moves the inactive split blocks (see _reuse_kind).
 _WHOLE, _ALONE, _REJOIN, _REJOIN_WHOLE = "whole", "alone", "rejoin", "rejoin whole"
 
 
-class DeviceCachingAllocator:
+class DeviceCachingAllocator(StatsReset):
     """The caching allocator of one device."""
 
     def __init__(self, driver, device, settings=None):
@@ -192,16 +193,6 @@ class DeviceCachingAllocator:
         """The all-pools peak of `stat` (e.g. "allocated_bytes")."""
         with self._lock:
             return getattr(self.stats.all, stat + "_peak")
-
-    def reset_peak_stats(self):
-        with self._lock:
-            self._settle()
-            self.stats.reset_peaks()
-
-    def reset_accumulated_stats(self):
-        with self._lock:
-            self._settle()
-            self.stats.reset_accumulated()
 
     def snapshot(self):
         """Every segment, by address, as torch's memory_snapshot() describes it (see snapshot.py)."""

@@ -33,6 +33,7 @@ import numpy as np
 
 from .host_stats import HostStats
 from .settings import Settings
+from .stats_reset import StatsReset
 
 MAX_REGISTER_THREADS = 128  # pinned_num_register_threads' limit
 PAGE = 4096  # pages are touched one byte per 4 KiB, as torch does, before cuMemHostRegister
@@ -57,7 +58,7 @@ class HostBlock:
         return f"HostBlock(ptr={self.ptr:#x}, size={self.size})"
 
 
-class HostCachingAllocator:
+class HostCachingAllocator(StatsReset):
     """The process's pinned host memory cache."""
 
     def __init__(self, driver, settings=None):
@@ -175,16 +176,6 @@ class HostCachingAllocator:
         with self._lock:
             self._settle()
             return self.stats.as_dict()
-
-    def reset_peak_stats(self):
-        with self._lock:
-            self._settle()
-            self.stats.reset_peaks()
-
-    def reset_accumulated_stats(self):
-        with self._lock:
-            self._settle()
-            self.stats.reset_accumulated()
 
     # ------------------------------------------------------------------ under the lock
     def _count_taken(self, size):

@@ -9,10 +9,11 @@ Each figure is the best wall time of a few runs of copy + stream synchronize, af
 The cached pinned allocation (`empty(1 MiB, pin_memory=True)` + del, `pinned_empty_del` below) is a host-latency
 case in cases.py.
 """
-import time
 from functools import partial
 
 import numpy as np
+
+from bench.timing import best_s
 
 KIND = "copies"
 GPU_BYTES = 256 << 20
@@ -48,7 +49,8 @@ def run(fws, sim, selected, new_row):
         row = new_row(key, KIND, name, (nbytes,))
         for label, setup in _contenders(key, modules, nbytes):
             try:
-                row["time"][label] = _best(*setup())
+                fn, synchronize = setup()
+                row["time"][label] = best_s(fn, REPEATS, synchronize)
             except Exception as exc:  # one contender failing still leaves the others' numbers
                 row["errors"][label] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         row["bytes"] = nbytes
@@ -57,18 +59,6 @@ def run(fws, sim, selected, new_row):
         row["ratios"] = {f"mt_vs_{label}": t / mt for label, t in row["time"].items() if mt and label != "minitensor"}
         rows.append(row)
     return rows
-
-
-def _best(fn, synchronize):
-    fn()
-    synchronize()
-    best = float("inf")
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _contenders(key, modules, nbytes):
@@ -131,13 +121,5 @@ def _torch_case(torch, nbytes, to_device):
 
 
 def section(rows, verdicts):
-    from bench.report import table
-    header = ["copies", "size", *(f"{c} GB/s" for c in COLUMNS), "mt_vs_raw", "mt_vs_torch", "target"]
-    body = []
-    for r in rows:
-        gbps = [("ERR" if c in r["errors"] else "n/a" if c not in r["gbps"] else f"{r['gbps'][c]:.3g}")
-                for c in COLUMNS]
-        ratios = [f"{r['ratios'][k]:.2f}x" if k in r["ratios"] else "n/a" for k in ("mt_vs_raw", "mt_vs_torch")]
-        status = "/".join(v["status"] for v in verdicts if v["case"] == r["key"])
-        body.append([r["name"], f"{r['bytes'] / 2**20:.0f} MiB", *gbps, *ratios, status])
-    return table(header, body)
+    from bench.report import bandwidth_section
+    return bandwidth_section("copies", COLUMNS, ("mt_vs_raw", "mt_vs_torch"), rows, verdicts)

@@ -67,6 +67,18 @@ def device_section(rows, verdicts):
     return table(header, body)
 
 
+def bandwidth_section(title, columns, ratio_keys, rows, verdicts):
+    """A table of rows that move r["bytes"]: GB/s for each of `columns`, then the ratios `ratio_keys`."""
+    header = [title, "size", *(f"{c} GB/s" for c in columns), *ratio_keys, "target"]
+    body = []
+    for r in rows:
+        gbps = [("ERR" if c in r["errors"] else "n/a" if c not in r["gbps"] else f"{r['gbps'][c]:.3g}")
+                for c in columns]
+        ratios = [f"{r['ratios'][k]:.2f}x" if k in r["ratios"] else "n/a" for k in ratio_keys]
+        body.append([r["name"], f"{r['bytes'] / 2**20:.0f} MiB", *gbps, *ratios, _status(r, verdicts)])
+    return table(header, body)
+
+
 def add_vs_copy_line(rows_by_key):
     """Add's bandwidth against the best D2D copy of this run, the 'add at copy speed' check."""
     copy, fraction = best_copy(rows_by_key), add_vs_copy(rows_by_key)

@@ -9,11 +9,11 @@ nor the raw measure, so all of them run against the page cache as a user's save 
 import os
 import shutil
 import tempfile
-import time
 
 import numpy as np
 
-from bench.report import table
+from bench.report import bandwidth_section
+from bench.timing import best_s
 
 KIND = "io"
 GPU_BYTES = 2**30
@@ -44,7 +44,7 @@ def run(fws, sim, repeats, selected, new_row):
             row = new_row(key, KIND, name, (nbytes // 4,))
             for label, fn in _contenders(key, modules, os.path.join(folder, key), nbytes):
                 try:
-                    row["time"][label] = _best(fn(), repeats)
+                    row["time"][label] = best_s(fn(), repeats)
                 except Exception as exc:  # one framework failing still leaves the others' numbers
                     row["errors"][label] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             row["bytes"] = nbytes
@@ -53,16 +53,6 @@ def run(fws, sim, repeats, selected, new_row):
         return rows
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _best(fn, repeats):
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _contenders(key, modules, path, nbytes):
@@ -132,12 +122,4 @@ def _torch_case(torch, key, device, path, n, mmap):
 
 def section(rows, verdicts):
     """The io table: GB/s for each contender, and the speed ratios the targets judge."""
-    header = ["save / load", "size", *(f"{c} GB/s" for c in COLUMNS), "mt_vs_torch", "mt_vs_torch_mmap", "target"]
-    body = []
-    for r in rows:
-        gbps = [("ERR" if c in r["errors"] else "n/a" if c not in r["gbps"] else f"{r['gbps'][c]:.3g}")
-                for c in COLUMNS]
-        ratios = [f"{r['ratios'][k]:.2f}x" if k in r["ratios"] else "n/a" for k in ("mt_vs_torch", "mt_vs_torch_mmap")]
-        status = "/".join(v["status"] for v in verdicts if v["case"] == r["key"])
-        body.append([r["name"], f"{r['bytes'] / 2**20:.0f} MiB", *gbps, *ratios, status])
-    return table(header, body)
+    return bandwidth_section("save / load", COLUMNS, ("mt_vs_torch", "mt_vs_torch_mmap"), rows, verdicts)

@@ -40,3 +40,18 @@ def device_s_per_launch(fn, fw, launches, repeats):
         end.synchronize()
         best = min(best, fw.elapsed_ms(start, end) / 1e3 / launches)
     return best
+
+
+def best_s(fn, repeats, synchronize=None):
+    """Wall seconds of fn() (then synchronize(), when given): the best of `repeats`, after one untimed run."""
+    fn()
+    if synchronize is not None:
+        synchronize()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        if synchronize is not None:
+            synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best

@@ -65,28 +65,7 @@ def _host_to_device(dst, src, non_blocking):
         src = src.to(dst.dtype)  # fewer bytes to move, and the host waits anyway
     src = src.contiguous()  # a pinned source stays itself when it is contiguous
     target = dst if _receives(dst, src) else Tensor._empty(src._shape, src.dtype, dst.device)
-    index = dst.device.index
-    driver = active_driver()
-    previous = driver.current_device()
-    if previous != index:
-        driver.set_device(index)
-    try:
-        stream = current_stream_handle(index)
-        nbytes = src.numel() * src.dtype.itemsize
-        storage = src._storage
-        if storage.is_pinned():
-            driver.memcpy_async(target.data_ptr(), src.data_ptr(), nbytes, stream)
-            if non_blocking:
-                _record(storage, index, stream)
-        elif nbytes >= staging.THRESHOLD:
-            staging.host_to_device(target.data_ptr(), src.data_ptr(), nbytes, index, stream)
-        else:
-            driver.memcpy_async(target.data_ptr(), src.data_ptr(), nbytes, stream)
-        if not non_blocking:
-            _synchronize(index, stream)
-    finally:
-        if previous != index:
-            driver.set_device(previous)
+    _transfer(target, src, dst.device.index, src._storage, staging.host_to_device, non_blocking)
     if target is not dst:
         ops.copy_(dst, target)  # on the device: broadcast, cast, strides
 
@@ -98,7 +77,17 @@ def _device_to_host(dst, src, non_blocking):
         src = src.to(dst.dtype)
     src = src.contiguous()
     target = dst if _receives(dst, src) else Tensor._empty(src._shape, src.dtype, CPU)
-    index = src.device.index
+    asynchronous = non_blocking and target is dst
+    _transfer(target, src, src.device.index, target._storage, staging.device_to_host, asynchronous)
+    if target is not dst:
+        ops.copy_(dst, target)  # on the host: broadcast, cast, strides
+
+
+def _transfer(dst, src, index, host, staged, asynchronous):
+    """The bytes of contiguous `src` into contiguous `dst`, one on the host (storage `host`) and the other on
+    cuda device `index`, on that device's current stream: a single transfer when `host` is pinned, else through
+    pinned chunks (`staged`, staging.py) when large. The host waits for it to finish unless `asynchronous`; then
+    a pinned `host` block is recorded on the stream."""
     driver = active_driver()
     previous = driver.current_device()
     if previous != index:
@@ -106,23 +95,19 @@ def _device_to_host(dst, src, non_blocking):
     try:
         stream = current_stream_handle(index)
         nbytes = src.numel() * src.dtype.itemsize
-        storage = target._storage
-        asynchronous = non_blocking and target is dst
-        if storage.is_pinned():
-            driver.memcpy_async(target.data_ptr(), src.data_ptr(), nbytes, stream)
+        if host.is_pinned():
+            driver.memcpy_async(dst.data_ptr(), src.data_ptr(), nbytes, stream)
             if asynchronous:
-                _record(storage, index, stream)
+                _record(host, index, stream)
         elif nbytes >= staging.THRESHOLD:
-            staging.device_to_host(target.data_ptr(), src.data_ptr(), nbytes, index, stream)
+            staged(dst.data_ptr(), src.data_ptr(), nbytes, index, stream)
         else:
-            driver.memcpy_async(target.data_ptr(), src.data_ptr(), nbytes, stream)  # pageable: done on return
+            driver.memcpy_async(dst.data_ptr(), src.data_ptr(), nbytes, stream)  # pageable: host side done on return
         if not asynchronous:
             _synchronize(index, stream)
     finally:
         if previous != index:
             driver.set_device(previous)
-    if target is not dst:
-        ops.copy_(dst, target)  # on the host: broadcast, cast, strides
 
 
 def _record(storage, index, stream):

@@ -125,6 +125,7 @@ def copy_(dst, src, non_blocking=False):
                            f"{list(broadcast_shapes(dst._shape, src._shape))}")
     if dst.numel() == 0:
         return
+    _check_no_partial_overlap(dst, src)
     if src.device != dst.device:
         from .copies import copy_across
         return copy_across(dst, src, non_blocking)
@@ -134,6 +135,19 @@ def copy_(dst, src, non_blocking=False):
     else:
         plan = plans().copy_plan(src.dtype, dst.dtype, dst._shape, src._stride, dst._stride, dst.device.index)
         plan.run(_stream(dst), (src.data_ptr(), dst.data_ptr()), ())
+
+
+def _check_no_partial_overlap(dst, src):
+    """torch refuses a copy between dense views that partly share memory: a kernel's result would depend on
+    the order its elements run in. The same memory read and written in place is fine."""
+    if dst._storage is not src._storage or not (dst.is_contiguous() and src.is_contiguous()):
+        return
+    d0, s0 = dst._offset * dst.dtype.itemsize, src._offset * src.dtype.itemsize
+    d1, s1 = d0 + dst.numel() * dst.dtype.itemsize, s0 + src.numel() * src.dtype.itemsize
+    if d0 < s1 and s0 < d1 and (d0, d1, dst.dtype.itemsize) != (s0, s1, src.dtype.itemsize):
+        raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor "
+                           "refer to a single memory location. Please clone() the tensor before performing the "
+                           "operation.")
 
 
 # ---------------------------------------------------------------------------------------------- repr

@@ -6,19 +6,14 @@ devices (peer to peer, and staged through pinned memory as when devices are not 
 """
 import gc
 import itertools
-import os
 import random
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 import minitensor as mt
 from minitensor import staging
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import run_python
 
 
 @pytest.fixture(autouse=True)
@@ -321,22 +316,13 @@ PAIRS_SCRIPT = """
 """
 
 
-def _run(code, env):
-    full_env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    full_env.update(env)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=full_env, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, f"subprocess failed:\n{p.stdout}\n{p.stderr}"
-    return p.stdout
-
-
 def test_every_device_pair_on_two_simulated_devices():
-    out = _run(PAIRS_SCRIPT, {"MINITENSOR_BACKEND": "sim", "MINITENSOR_SIM_DEVICES": "2"})
+    out = run_python(PAIRS_SCRIPT, {"MINITENSOR_BACKEND": "sim", "MINITENSOR_SIM_DEVICES": "2"})
     assert out.split() == ["ok"]
 
 
 def test_every_device_pair_here():
     if mt.cuda.device_count() < 2:
         pytest.skip("one cuda device: the pairs of devices run on the two-device simulator")
-    out = _run(PAIRS_SCRIPT, {"MINITENSOR_BACKEND": mt.cuda.backend()})
+    out = run_python(PAIRS_SCRIPT, {"MINITENSOR_BACKEND": mt.cuda.backend()})
     assert out.split() == ["ok"]

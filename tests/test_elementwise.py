@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 import hypothesis.extra.numpy as hnp
 
+import helpers
 import minitensor as mt
 
 DEV = "cuda"
@@ -701,21 +702,11 @@ def _binary_case(op, an, bn, a_shape, b_shape, seed):
     return a, b
 
 
-class Failures:
+class Failures(helpers.Failures):
     """Runs many cases in one test and reports every failing one (each sim kernel launch is costly,
     so cases share a test instead of each getting their own)."""
 
-    def __init__(self):
-        self.items = []
-
-    def run(self, label, fn, *args):
-        try:
-            fn(*args)
-        except (Exception, pytest.fail.Exception) as exc:  # noqa: B902
-            self.items.append(f"{label}: {type(exc).__name__}: {str(exc).strip()[:400]}")
-
-    def check(self):
-        assert not self.items, f"{len(self.items)} failing case(s):\n" + "\n".join(self.items)
+    limit = 400
 
 
 def check_every_op(case, *args):

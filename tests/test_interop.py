@@ -55,6 +55,17 @@ def gate():
     g.open()
 
 
+def filled_behind(gate):
+    """16 zeros on DEV, and a stream that is blocked on `gate` and then fills them with 5.0."""
+    src = mt.zeros(16, device=DEV)
+    s = mt.cuda.Stream()
+    s.wait_stream(mt.cuda.current_stream())  # after the zeros
+    with s:
+        gate.wait()
+        src.fill_(5.0)
+    return src, s
+
+
 def capsule_name(capsule):
     return repr(capsule).split('"')[1]
 
@@ -210,12 +221,8 @@ def test_as_tensor_cai_inferred_strides_are_contiguous():
 
 def test_as_tensor_cai_waits_for_the_producers_stream(gate):
     """The producer wrote on a stream that is still blocked: the consumer's reads must come after it."""
-    src = mt.zeros(16, device=DEV)
-    s = mt.cuda.Stream()
-    s.wait_stream(mt.cuda.current_stream())  # after the zeros
+    src, s = filled_behind(gate)
     with s:
-        gate.wait()
-        src.fill_(5.0)
         cai_synced = src.__cuda_array_interface__
     assert cai_synced["stream"] == s.cuda_stream
     unsynced = mt.as_tensor(CAIProducer(src, stream=None)).clone()  # runs now: s is still blocked
@@ -364,12 +371,8 @@ def test_dlpack_export_errors():
 
 def test_dlpack_export_orders_the_consumers_stream_after_the_producers(gate):
     """The consumer names its stream; the producer makes it wait for the work queued so far."""
-    src = mt.zeros(16, device=DEV)
-    s = mt.cuda.Stream()
-    s.wait_stream(mt.cuda.current_stream())  # after the zeros
+    src, s = filled_behind(gate)
     with s:
-        gate.wait()
-        src.fill_(5.0)
         unsynced_capsule = src.__dlpack__(stream=-1)  # the consumer takes care of it (and here does not)
     unsynced = mt.from_dlpack(unsynced_capsule).clone()
     np.testing.assert_array_equal(host(unsynced), np.zeros(16, np.float32))
@@ -876,12 +879,8 @@ def test_torch_lifetime_and_cpu(torch):
 
 
 def test_torch_from_dlpack_waits_for_minitensors_stream(torch, gate):
-    src = mt.zeros(16, device=DEV)
-    s = mt.cuda.Stream()
-    s.wait_stream(mt.cuda.current_stream())  # after the zeros
+    src, s = filled_behind(gate)
     with s:
-        gate.wait()
-        src.fill_(5.0)
         tt = torch.from_dlpack(src)  # torch passes its current stream; s's work must come first
     copied = tt.clone()
     gate.open()

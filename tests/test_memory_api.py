@@ -11,16 +11,15 @@ import random
 import re
 import subprocess
 import sys
-import textwrap
 import threading
 
 import numpy as np
 import pytest
 
 import minitensor as mt
+from helpers import REPO, run_python
 
 DEV = "cuda"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(autouse=True)
@@ -46,16 +45,6 @@ def total_memory():
 
 def empty(n, dtype=mt.float32):
     return mt.empty(n, dtype=dtype, device=DEV)
-
-
-def run_python(code, env=None):
-    full_env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    full_env.setdefault("MINITENSOR_BACKEND", mt.cuda.backend())
-    full_env.update(env or {})
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=full_env, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, f"subprocess failed:\n{p.stdout}\n{p.stderr}"
-    return p.stdout
 
 
 # ============================================================================================== reuse

@@ -5,19 +5,14 @@ background thread), pin_memory on tensors and factories, views of pinned memory,
 Most tests launch no kernel: copies between pinned memory and the device are plain transfers.
 """
 import gc
-import os
 import random
-import subprocess
-import sys
-import textwrap
 import threading
 
 import numpy as np
 import pytest
 
 import minitensor as mt
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import run_python
 
 
 @pytest.fixture(autouse=True)
@@ -34,16 +29,6 @@ def _clean_host_allocator():
 
 def pinned(n, dtype=mt.float32):
     return mt.empty(n, dtype=dtype, pin_memory=True)
-
-
-def run_python(code, env):
-    full_env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    full_env.setdefault("MINITENSOR_BACKEND", mt.cuda.backend())
-    full_env.update(env)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=full_env, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, f"subprocess failed:\n{p.stdout}\n{p.stderr}"
-    return p.stdout
 
 
 # ============================================================================================== reuse

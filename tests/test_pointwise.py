@@ -17,6 +17,7 @@ from hypothesis import Phase, given, settings, strategies as st
 import hypothesis.extra.numpy as hnp
 
 import minitensor as mt
+from helpers import Failures
 
 DEVICES = ["cpu", "cuda"]
 NAMES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
@@ -225,22 +226,6 @@ def check(t, expected, name, device, label="", inputs=()):
             ins = [np.broadcast_to(np.asarray(x), expected.shape)[index].item() for x in inputs]
             shown.append(f"at {index} inputs {ins}: expected {expected[index].item()!r}, got {got[index].item()!r}")
         raise AssertionError(f"{label}: {int(bad.sum())} of {bad.size} wrong; " + "; ".join(shown))
-
-
-class Failures:
-    """Runs many cases in one test and reports every failing one."""
-
-    def __init__(self):
-        self.items = []
-
-    def run(self, label, fn, *args):
-        try:
-            fn(*args)
-        except (Exception, pytest.fail.Exception) as exc:  # noqa: B902
-            self.items.append(f"{label}: {type(exc).__name__}: {str(exc).strip()[:500]}")
-
-    def check(self):
-        assert not self.items, f"{len(self.items)} failing case(s):\n" + "\n".join(self.items)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1127,3 +1127,21 @@ def test_tensor_from_numpy_scalar_keeps_dtype(name, device):
     t = mt.tensor(x, device=device)
     assert t.shape == () and t.dtype == D(name)
     assert t.item() == x.item()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_copy_between_partly_overlapping_views_is_refused(device):
+    """As torch: t[1:] = t[:-1] would depend on the order elements are copied in; the data stays as it was.
+    A view copied onto itself, or onto a disjoint part of its storage, is fine."""
+    values = np.random.default_rng(5).standard_normal(9).astype(np.float32)
+    t = mt.tensor(values, device=device)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        t[1:] = t[:-1]
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        t[:5].copy_(t[2:7])
+    np.testing.assert_array_equal(t.cpu().numpy(), values)
+    t[:4] = t[5:]
+    t[2:6].copy_(t[2:6])
+    expected = values.copy()
+    expected[:4] = values[5:]
+    np.testing.assert_array_equal(t.cpu().numpy(), expected)

@@ -1,0 +1,41 @@
+"""Helpers that several test files share (tests/ is on sys.path under pytest: `from helpers import ...`)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import minitensor as mt
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(code, env=None):
+    """Run `code` in a fresh interpreter with this checkout importable and this process's backend unless `env`
+    names one; assert it succeeded and return its stdout."""
+    full_env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    full_env.setdefault("MINITENSOR_BACKEND", mt.cuda.backend())
+    full_env.update(env or {})
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=full_env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, f"subprocess failed:\n{p.stdout}\n{p.stderr}"
+    return p.stdout
+
+
+class Failures:
+    """Runs many cases in one test and reports every failing one (each message cut to `limit` characters)."""
+
+    limit = 500
+
+    def __init__(self):
+        self.items = []
+
+    def run(self, label, fn, *args):
+        try:
+            fn(*args)
+        except (Exception, pytest.fail.Exception) as exc:  # noqa: B902
+            self.items.append(f"{label}: {type(exc).__name__}: {str(exc).strip()[:self.limit]}")
+
+    def check(self):
+        assert not self.items, f"{len(self.items)} failing case(s):\n" + "\n".join(self.items)
