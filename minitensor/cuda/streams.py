@@ -146,7 +146,7 @@ class ExternalStream(Stream):
 
 
 def current_stream(device=None):
-    from . import _DEVICES, _index
+    from . import _index
     index = _index(device)
     return Stream(index, _handle=_current_handles()[index])
 
