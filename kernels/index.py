@@ -22,14 +22,7 @@ every dtype of that size.
 import triton.language as tl
 
 from .compat import jit
-
-
-@jit
-def _linear_offsets(INDEX64: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    if INDEX64:
-        pid = pid.to(tl.int64)
-    return pid * BLOCK + tl.arange(0, BLOCK)
+from .elementwise import _linear_offsets
 
 
 @jit

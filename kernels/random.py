@@ -19,16 +19,9 @@ log, cos and sin against the GPU's).
 import triton.language as tl
 
 from .compat import jit, narrow
+from .elementwise import _linear_offsets
 
 _TWO_PI = tl.constexpr(6.283185307179586)
-
-
-@jit
-def _offsets(INDEX64: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    if INDEX64:
-        pid = pid.to(tl.int64)
-    return pid * BLOCK + tl.arange(0, BLOCK)
 
 
 @jit
@@ -125,7 +118,7 @@ def uniform(out_ptr, seed, offset, n, low, high, INDEX64: tl.constexpr, BLOCK: t
         span = (hi - lo).to(tl.float64)
         v = narrow((u.to(tl.float64) * span + lo.to(tl.float64)).to(tl.float32), ty).to(tl.float32)
     v = tl.where(v == hi, lo, v)
-    offs = _offsets(INDEX64, BLOCK)
+    offs = _linear_offsets(INDEX64, BLOCK)
     _store(out_ptr, offs, offs < n, v)
 
 
@@ -142,7 +135,7 @@ def normal(out_ptr, seed, offset, n, mean, std, INDEX64: tl.constexpr, BLOCK: tl
         z0, z1 = _box_muller(_unit24(r0), _unit24(r1))
         z2, z3 = _box_muller(_unit24(r2), _unit24(r3))
         z = _in_order(z0, z1, z2, z3, BLOCK)
-    offs = _offsets(INDEX64, BLOCK)
+    offs = _linear_offsets(INDEX64, BLOCK)
     _store(out_ptr, offs, offs < n, z * std + mean)
 
 
@@ -152,7 +145,7 @@ def bernoulli(out_ptr, seed, offset, n, p_value, p_ptr, P_SCALAR: tl.constexpr, 
     """out = U[0, 1) < p, with p the number p_value or a float tensor of out's shape at p_ptr; U has 24 bits
     (32 against a float64 p)."""
     r0, r1, r2, r3 = _philox(seed, offset, 4, BLOCK)
-    offs = _offsets(INDEX64, BLOCK)
+    offs = _linear_offsets(INDEX64, BLOCK)
     mask = offs < n
     if P_SCALAR:
         p = p_value
@@ -181,5 +174,5 @@ def integers(out_ptr, seed, offset, n, low, span, MODE: tl.constexpr, INDEX64: t
         if MODE == 1:
             x = x % span.to(tl.uint64, bitcast=True)
         x = x.to(tl.int64, bitcast=True)
-    offs = _offsets(INDEX64, BLOCK)
+    offs = _linear_offsets(INDEX64, BLOCK)
     _store(out_ptr, offs, offs < n, x + low)

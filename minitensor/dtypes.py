@@ -51,6 +51,10 @@ _FROM_NP = {d.np: d for d in ALL if d is not bfloat16}
 default_float = float32
 default_int = int64
 
+# torch's (c10's) names of the scalar types, as its error messages spell them
+TORCH_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long",
+               "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double"}
+
 
 def _by_name(name):
     return _BY_NAME[name]

@@ -18,8 +18,6 @@ from .device import CPU
 from .ops import _scalar_for, broadcast_shapes, numpy_values, numpy_view, plans, to_storage_values
 from .storage import UntypedStorage
 
-_TORCH_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long",
-                "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double"}
 
 # name -> kernel op code (kernels/elementwise.py `_binary_op`) and numpy function
 _BINARY = {
@@ -125,7 +123,7 @@ def where(condition, a, b, out=None):
         raise TypeError(f"where(): argument 'condition' must be Tensor, not {type(condition).__name__}")
     if condition.dtype is not dtypes.bool_:
         raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype "
-                           f"{_TORCH_NAMES[condition.dtype.name]}")
+                           f"{dtypes.TORCH_NAMES[condition.dtype.name]}")
     a, b = _operand_value(a), _operand_value(b)
     cuda_operand = next((x for x in (a, b, out) if isinstance(x, Tensor) and x.device.type == "cuda"), None)
     if condition.device.type == "cpu" and condition.dim() == 0 and cuda_operand is not None:
@@ -157,7 +155,7 @@ def _compute(result):
 
 
 def _not_implemented(name, device, dtype):
-    return f'"{name}_{device.type}" not implemented for \'{_TORCH_NAMES[dtype.name]}\''
+    return f'"{name}_{device.type}" not implemented for \'{dtypes.TORCH_NAMES[dtype.name]}\''
 
 
 def _binary_types(name, a, b, out):
@@ -203,7 +201,7 @@ def _unary_types(name, dtype):
             raise RuntimeError("Boolean inputs not supported for relu")
         raise RuntimeError(f'"{name}" not implemented for \'Bool\'')
     if name == "bitwise_not" and dtype.is_floating_point:
-        raise RuntimeError(f'"bitwise_not" not implemented for \'{_TORCH_NAMES[dtype.name]}\'')
+        raise RuntimeError(f'"bitwise_not" not implemented for \'{dtypes.TORCH_NAMES[dtype.name]}\'')
     return _UNARY[name][0], dtype, _compute(dtype)
 
 
@@ -272,8 +270,8 @@ def _check_out_shape(operands, out):
 
 def _check_cast(result, out):
     if not dtypes.can_cast(result, out.dtype):
-        raise RuntimeError(f"result type {_TORCH_NAMES[result.name]} can't be cast to the desired output type "
-                           f"{_TORCH_NAMES[out.dtype.name]}")
+        raise RuntimeError(f"result type {dtypes.TORCH_NAMES[result.name]} can't be cast to the desired output type "
+                           f"{dtypes.TORCH_NAMES[out.dtype.name]}")
 
 
 def _common_device(tensors, out):

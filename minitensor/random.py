@@ -30,8 +30,6 @@ _INT64_MIN = -(2**63)
 _FLOAT_DIGITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 _FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
               "float64": 1.7976931348623157e308}
-_SCALAR_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long",
-                 "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double"}  # c10's
 _CPP_NAMES = {"bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short", "int32": "int",
               "int64": "long", "float16": "c10::Half", "bfloat16": "c10::BFloat16", "float32": "float",
               "float64": "double"}  # the C++ types torch's bounds messages name
@@ -224,7 +222,7 @@ def uniform_(t, a=0.0, b=1.0):
 def _uniform_run(t):
     dtype = t.dtype
     if not dtype.is_floating_point:
-        raise NotImplementedError(f"\"check_uniform_bounds\" not implemented for '{_SCALAR_NAMES[dtype.name]}'")
+        raise NotImplementedError(f"\"check_uniform_bounds\" not implemented for '{dtypes.TORCH_NAMES[dtype.name]}'")
     limit = _FLOAT_MAX[dtype.name]
     np_type = np.float64 if dtype is dtypes.float64 else np.float32
 
@@ -253,7 +251,7 @@ def _uniform_error(dtype, low, high):
         raise RuntimeError(f"to is out of bounds for {cpp}")
     if low > high:
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={low:g} > to={high:g}")
-    raise RuntimeError(f"uniform_ expects to-from <= std::numeric_limits<{_SCALAR_NAMES[dtype.name]}>::max(), but "
+    raise RuntimeError(f"uniform_ expects to-from <= std::numeric_limits<{dtypes.TORCH_NAMES[dtype.name]}>::max(), but "
                        f"found to={high:g} and from={low:g} which result in to-from to exceed the limit")
 
 
@@ -281,7 +279,7 @@ def _normal_run(t):
     dtype = t.dtype
     if not dtype.is_floating_point:
         kernel = "normal_kernel_cpu" if t.device.type == "cpu" else "normal_kernel_cuda"
-        raise NotImplementedError(f"\"{kernel}\" not implemented for '{_SCALAR_NAMES[dtype.name]}'")
+        raise NotImplementedError(f"\"{kernel}\" not implemented for '{dtypes.TORCH_NAMES[dtype.name]}'")
     np_type = np.float64 if dtype is dtypes.float64 else np.float32
 
     def values(g, n, mean, std):
@@ -336,7 +334,7 @@ def _bernoulli_tensor_run(t):
     def fill_for(p_dtype):
         if p_dtype not in fills:
             if not p_dtype.is_floating_point:
-                name = _SCALAR_NAMES[p_dtype.name]
+                name = dtypes.TORCH_NAMES[p_dtype.name]
                 if device.type == "cpu":
                     raise NotImplementedError(f"\"bernoulli_tensor_cpu_p_\" not implemented for '{name}'")
                 raise RuntimeError(f"expected probabilities tensor to have floating type, got {name}")

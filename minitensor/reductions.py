@@ -20,8 +20,6 @@ from .device import CPU
 from .ops import broadcast_shapes, numpy_values, numpy_view, to_storage_values
 from .storage import UntypedStorage
 
-_TORCH_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long",
-                "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double"}
 _plans = None
 
 
@@ -140,7 +138,7 @@ def _types(name, x, dtype):
         if not source.is_floating_point:
             which = "Input" if dtype is None else "Optional"
             raise RuntimeError(f"mean(): could not infer output dtype. {which} dtype must be either a floating "
-                               f"point or complex dtype. Got: {_TORCH_NAMES[source.name]}")
+                               f"point or complex dtype. Got: {dtypes.TORCH_NAMES[source.name]}")
         return source, source
     if name in ("all", "any"):
         return x.dtype, dtypes.uint8 if x.dtype is dtypes.uint8 else dtypes.bool_
@@ -283,7 +281,8 @@ def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
         raise TypeError(f"isclose(): arguments must be Tensors, not {type(input).__name__} and "
                         f"{type(other).__name__}")
     if input.dtype is not other.dtype:
-        raise RuntimeError(f"{_TORCH_NAMES[input.dtype.name]} did not match {_TORCH_NAMES[other.dtype.name]}")
+        names = dtypes.TORCH_NAMES
+        raise RuntimeError(f"{names[input.dtype.name]} did not match {names[other.dtype.name]}")
     if rtol < 0:
         raise RuntimeError(f"rtol must be greater than or equal to zero, but got {rtol}")
     if atol < 0:
