@@ -32,7 +32,7 @@ def make_config(sim, quick):
         return Config(sim, host_calls=20 if quick else 50, host_repeats=1 if quick else 3,
                       device_launches=2 if quick else 5, device_repeats=1 if quick else 3,
                       import_runs=3 if quick else 5, first_op_runs=1 if quick else 3)
-    return Config(sim, host_calls=2000 if quick else 20000, host_repeats=3,
+    return Config(sim, host_calls=2000 if quick else 5000, host_repeats=3 if quick else 9,
                   device_launches=5 if quick else 20, device_repeats=3 if quick else 5,
                   import_runs=3 if quick else 5, first_op_runs=2 if quick else 3)
 
@@ -51,21 +51,33 @@ def run_case(case, fws, cfg):
     """One row: each framework timed; a framework that fails is recorded and the rest still run."""
     shape = case.shape(cfg.sim)
     row = _new_row(case.key, case.kind, case.name, shape)
-    for fw in fws:
-        try:
-            fn = case.build(fw, cfg.sim)
-            if case.kind == HOST:
-                row["time"][fw.name] = host_us_per_call(fn, fw.synchronize, cfg.host_calls, cfg.host_repeats)
-            else:
+    if case.kind == HOST:
+        _time_host(case, fws, cfg, row)
+    else:
+        for fw in fws:
+            try:
+                fn = case.build(fw, cfg.sim)
                 row["time"][fw.name] = device_s_per_launch(fn, fw, cfg.device_launches, cfg.device_repeats)
-        except Exception as exc:  # the package under test may lack an op: report it, go on
-            row["errors"][fw.name] = _error_text(exc)
-        fn = None  # free this framework's inputs before the next one allocates
-    if case.kind == DEVICE:
+            except Exception as exc:  # the package under test may lack an op: report it, go on
+                row["errors"][fw.name] = _error_text(exc)
+            fn = None  # free this framework's inputs before the next one allocates
         moved = case.bytes_per_element * math.prod(shape)
         row["bytes"] = moved
         row["gbps"] = {name: moved / t / 1e9 for name, t in row["time"].items()}
     return _with_ratios(row)
+
+
+def _time_host(case, fws, cfg, row):
+    """Small inputs: every framework's at once, timed in turns (timing.host_us_per_call)."""
+    contenders = {}
+    for fw in fws:
+        try:
+            contenders[fw.name] = (case.build(fw, cfg.sim), fw.synchronize)
+        except Exception as exc:  # the package under test may lack an op: report it, go on
+            row["errors"][fw.name] = _error_text(exc)
+    times, errors = host_us_per_call(contenders, cfg.host_calls, cfg.host_repeats)
+    row["time"].update(times)
+    row["errors"].update({name: _error_text(exc) for name, exc in errors.items()})
 
 
 def _with_ratios(row):

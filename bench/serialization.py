@@ -4,7 +4,9 @@ which bounds them all.
 
 Files go to a temporary folder under $MINITENSOR_BENCH_DIR (default: the system's temporary folder), which
 should be on the machine's local disk. Nothing is flushed to the platter (no fsync), by neither framework
-nor the raw measure, so all of them run against the page cache as a user's save and load do.
+nor the raw measure, so all of them run against the page cache as a user's save and load do. Every timed
+write makes a new file: the previous run's file is deleted untimed first, since dropping its unwritten pages
+(torch truncates it, minitensor's atomic rename replaces it) would otherwise be timed with the save.
 """
 import os
 import shutil
@@ -44,7 +46,8 @@ def run(fws, sim, repeats, selected, new_row):
             row = new_row(key, KIND, name, (nbytes // 4,))
             for label, fn in _contenders(key, modules, os.path.join(folder, key), nbytes):
                 try:
-                    row["time"][label] = best_s(fn(), repeats)
+                    timed, prepare = fn()
+                    row["time"][label] = best_s(timed, repeats, prepare=prepare)
                 except Exception as exc:  # one framework failing still leaves the others' numbers
                     row["errors"][label] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             row["bytes"] = nbytes
@@ -78,36 +81,44 @@ def _raw_write(path, nbytes):
     def write():
         with open(path, "wb") as f:
             f.write(memoryview(data))
-    return write
+    return write, _deleter(path)
 
 
 def _raw_read(path, nbytes):
-    _raw_write(path, nbytes)()
+    _raw_write(path, nbytes)[0]()
     buffer = np.empty(nbytes, np.uint8)
 
     def read():
         with open(path, "rb") as f:
             f.readinto(memoryview(buffer))
-    return read
+    return read, None
+
+
+def _deleter(path):
+    """The untimed step before each timed write: the file it makes is new."""
+    def delete():
+        if os.path.exists(path):
+            os.unlink(path)
+    return delete
 
 
 def _mt_case(mt, key, device, path, n):
     if key.startswith("io.save"):
         x = mt.rand(n, device=device)
-        return lambda: mt.save(x, path)
+        return (lambda: mt.save(x, path)), _deleter(path)
     mt.save(mt.rand(n, device=device), path)
 
     def load():
         mt.load(path, map_location=device)
         if device == "cuda":
             mt.cuda.synchronize()
-    return load
+    return load, None
 
 
 def _torch_case(torch, key, device, path, n, mmap):
     if key.startswith("io.save"):
         x = torch.rand(n, device=device)
-        return lambda: torch.save(x, path)
+        return (lambda: torch.save(x, path)), _deleter(path)
     torch.save(torch.rand(n, device=device), path)
 
     def load():
@@ -117,7 +128,7 @@ def _torch_case(torch, key, device, path, n, mmap):
             torch.load(path, weights_only=True, map_location=device)
         if device == "cuda":
             torch.cuda.synchronize()
-    return load
+    return load, None
 
 
 def section(rows, verdicts):

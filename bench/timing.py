@@ -4,23 +4,32 @@ import math
 import time
 
 
-def host_us_per_call(fn, synchronize, calls, repeats):
-    """Host time per call in microseconds: the best of `repeats` tight loops of `calls` calls.
+def host_us_per_call(contenders, calls, repeats):
+    """Host time per call in microseconds for each of `contenders` ({name: (fn, synchronize)}): the best of
+    `repeats` tight loops of `calls` calls. The frameworks take turns, loop by loop, so that a drift of the
+    machine's speed (clock boost, a neighbour's load) falls on all of them alike.
 
-    The loop ends with a synchronize, so a framework cannot hide work in a queue that
-    grows without bound; with small kernels the host side is what this measures.
+    Each loop ends with a synchronize, so a framework cannot hide work in a queue that grows without bound;
+    with small kernels the host side is what this measures. Returns ({name: us}, {name: error text}).
     """
-    for _ in range(max(3, calls // 10)):  # warm-up: compile kernels, fill caches
-        fn()
-    synchronize()
-    best = math.inf
+    errors = {}
+    for name, (fn, synchronize) in contenders.items():
+        try:
+            for _ in range(max(3, calls // 10)):  # warm-up: compile kernels, fill caches
+                fn()
+            synchronize()
+        except Exception as exc:  # the package under test may lack an op: report it, go on
+            errors[name] = exc
+    best = {name: math.inf for name in contenders if name not in errors}
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best / calls * 1e6
+        for name in best:
+            fn, synchronize = contenders[name]
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            synchronize()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: t / calls * 1e6 for name, t in best.items()}, errors
 
 
 def device_s_per_launch(fn, fw, launches, repeats):
@@ -42,13 +51,16 @@ def device_s_per_launch(fn, fw, launches, repeats):
     return best
 
 
-def best_s(fn, repeats, synchronize=None):
-    """Wall seconds of fn() (then synchronize(), when given): the best of `repeats`, after one untimed run."""
+def best_s(fn, repeats, synchronize=None, prepare=None):
+    """Wall seconds of fn() (then synchronize(), when given): the best of `repeats`, after one untimed run.
+    `prepare()`, when given, runs untimed before each run."""
     fn()
     if synchronize is not None:
         synchronize()
     best = math.inf
     for _ in range(repeats):
+        if prepare is not None:
+            prepare()
         start = time.perf_counter()
         fn()
         if synchronize is not None:

@@ -66,18 +66,27 @@ def _int_pow(x, y, BITS: tl.constexpr):
 
 
 @jit
+def _div(x, y):
+    """Correctly rounded, as torch's: float32's `/` compiles to an approximate division on the GPU."""
+    if tl.constexpr(x.dtype == tl.float32):
+        return tl.math.div_rn(x, y)
+    else:
+        return x / y
+
+
+@jit
 def _floor_divide(x, y):
     """Python's floor division. For floats, torch's exact form: (x - fmod(x, y)) / y, corrected to the
     floor; a zero divisor gives x / y (inf or nan)."""
     if tl.constexpr(x.dtype.is_floating()):
         mod = x % y  # fmod: the sign of x
-        div = (x - mod) / y
+        div = _div(x - mod, y)
         div = tl.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
         floored = tl.math.floor(div)
         floored = tl.where(div - floored > 0.5, floored + 1, floored)
-        zero = (x / y) * 0  # a zero quotient keeps the sign of x / y
+        zero = _div(x, y) * 0  # a zero quotient keeps the sign of x / y
         r = tl.where(div != 0, floored, zero)
-        return tl.where(y == 0, x / y, r)
+        return tl.where(y == 0, _div(x, y), r)
     else:
         q = x // y  # truncates toward zero
         return tl.where(((x % y) != 0) & ((x < 0) != (y < 0)), q - 1, q)
@@ -100,7 +109,7 @@ def _binary_op(x, y, OP: tl.constexpr):
     elif OP == 2:
         r = x * y
     elif OP == 3:
-        r = x / y
+        r = _div(x, y)
     elif OP == 4:
         r = x | y
     elif OP == 5:

@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import threading
 
 from minitensor.backends import active_driver
@@ -44,6 +45,12 @@ def get(kernel, device, types, constexprs, aligned=(), num_warps=4):
 
 
 def _load(kernel, device, types, constexprs, aligned, num_warps):
+    from minitensor.cuda import Gate
+    if Gate.closed_with_waiters():
+        raise RuntimeError(
+            f"minitensor: kernel {kernel} is needed for the first time while a stream waits on a closed "
+            "mt.cuda.Gate. On a GPU, loading a kernel waits for the device to go idle, which it never would "
+            "before the gate opens; run the operation once before closing the gate.")
     driver = active_driver()
     if driver.interprets_kernels:
         function = _function(kernel)
@@ -87,13 +94,18 @@ def _cache_key(kernel, types, constexprs, aligned, num_warps, capability):
 
 @functools.lru_cache(maxsize=1)
 def _sources():
-    """A digest of every kernel module and compat.py (kernels share @jit helpers across modules) and of the
-    Triton installation (its __init__.py carries the version): a change to any of them recompiles."""
+    """A digest of what the binaries are built from: every module defining kernels (a line starting with
+    `@jit`; kernels call @jit helpers across modules), compat.py, and the Triton installation (its
+    __init__.py carries the version). Host-side modules (plans, this launcher) are left out: changing them
+    recompiles nothing."""
     digest = hashlib.sha256()
-    paths = sorted(glob.glob(os.path.join(_HERE, "*.py"))) + [importlib.util.find_spec("triton").origin]
-    for path in paths:
+    for path in sorted(glob.glob(os.path.join(_HERE, "*.py"))):
         with open(path, "rb") as f:
-            digest.update(f.read())
+            text = f.read()
+        if os.path.basename(path) == "compat.py" or re.search(rb"^@jit", text, re.MULTILINE):
+            digest.update(text)
+    with open(importlib.util.find_spec("triton").origin, "rb") as f:
+        digest.update(f.read())
     return digest.digest()
 
 

@@ -104,8 +104,9 @@ def _launch(device, in_type, out_type, m, n, k_sizes, k_strides, r_sizes, r_stri
             index64, divisor, partial_in):
     """One launch of reduce_simple (one kept and one reduced dim) or reduce_strided over a fixed layout, as
     run(stream, in_ptr, out_ptr, out_idx, unused) for a first pass (the plan's own signature), or
-    run(stream, in_ptr, in_idx, out_ptr, out_idx) for a pass over partials. A mean divides by `divisor`, the
-    count of the whole reduction."""
+    run(stream, in_ptr, in_idx, out_ptr, out_idx) for a pass over partials; and its parts for a caller that
+    launches an aligned input itself, (launch, grid_x, grid_y, tail): launch(grid_x, grid_y, 1, stream, in_ptr,
+    in_idx, out_ptr, out_idx, *tail). A mean divides by `divisor`, the count of the whole reduction."""
     block_m, block_n = blocks
     k_unit = len(k_sizes) == 1 and k_strides[0] == 1
     r_unit = len(r_sizes) == 1 and r_strides[0] == 1
@@ -138,20 +139,22 @@ def _launch(device, in_type, out_type, m, n, k_sizes, k_strides, r_sizes, r_stri
             unaligned.append(launcher.get(kernel, device, types, constexprs, hints, num_warps))
         return unaligned[0]
 
+    parts = (aligned, grid_m, splits, tail)
     if partial_in:
-        return lambda stream, in_ptr, in_idx, out_ptr, out_idx: (misaligned(in_ptr) if in_ptr & 15 else aligned)(
-            grid_m, splits, 1, stream, in_ptr, in_idx, out_ptr, out_idx, *tail)
-    return lambda stream, in_ptr, out_ptr, out_idx, unused: (misaligned(in_ptr) if in_ptr & 15 else aligned)(
-        grid_m, splits, 1, stream, in_ptr, 0, out_ptr, out_idx, *tail)
+        return (lambda stream, in_ptr, in_idx, out_ptr, out_idx: (misaligned(in_ptr) if in_ptr & 15 else aligned)(
+            grid_m, splits, 1, stream, in_ptr, in_idx, out_ptr, out_idx, *tail)), parts
+    return (lambda stream, in_ptr, out_ptr, out_idx, unused: (misaligned(in_ptr) if in_ptr & 15 else aligned)(
+        grid_m, splits, 1, stream, in_ptr, 0, out_ptr, out_idx, *tail)), parts
 
 
 class ReducePlan:
     """The launches of one reduction, fixed once per signature.
 
     run(stream, in_ptr, out_ptr, idx_ptr, scratch_ptr): idx_ptr receives int64 indices for arg reductions
-    (else 0); scratch_ptr points at `scratch_bytes` of device memory (0 when it needs none)."""
+    (else 0); scratch_ptr points at `scratch_bytes` of device memory (0 when it needs none). `single` is the
+    parts of a one-pass plan's launch (see _launch), for the hot path to call directly; None for two passes."""
 
-    __slots__ = ("run", "scratch_bytes")
+    __slots__ = ("run", "scratch_bytes", "single")
 
     def __init__(self, op, in_dtype, out_dtype, k_sizes, k_strides, r_sizes, r_strides, extent, device, arg,
                  nonzero, mean):
@@ -176,13 +179,14 @@ class ReducePlan:
 
         if splits == 1:
             self.scratch_bytes = 0
-            self.run = _launch(device, in_dtype.triton, out_dtype.triton, m, n, k_sizes, k_strides, r_sizes,
+            self.run, self.single = _launch(device, in_dtype.triton, out_dtype.triton, m, n, k_sizes, k_strides, r_sizes,
                                r_strides, 1, blocks, flags(False, True), index64, n, False)
             return
-        first = _launch(device, in_dtype.triton, acc, m, n, k_sizes, k_strides, r_sizes, r_strides, splits, blocks,
-                        flags(False, False), index64, n, False)
-        second = _launch(device, acc, out_dtype.triton, m, splits, [m], [1], [splits], [m], 1,
-                         _blocks(m, splits, True, m == 1), flags(True, True), index64, n, True)
+        self.single = None
+        first, _ = _launch(device, in_dtype.triton, acc, m, n, k_sizes, k_strides, r_sizes, r_strides, splits, blocks,
+                           flags(False, False), index64, n, False)
+        second, _ = _launch(device, acc, out_dtype.triton, m, splits, [m], [1], [splits], [m], 1,
+                            _blocks(m, splits, True, m == 1), flags(True, True), index64, n, True)
         values_bytes = -(-splits * m * _ACC_BYTES[acc] // 16) * 16
         self.scratch_bytes = values_bytes + (splits * m * 8 if arg else 0)
 

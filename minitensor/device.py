@@ -49,22 +49,30 @@ class device:
 
 
 CPU = device("cpu")
-_parsed = {}  # device string -> its mt.device: factories take strings on every call
+_named = {}  # device string -> the device it always names: factories take strings on every call
 _cuda = None  # minitensor.cuda, once imported (it imports this module)
 
 
 def as_device(d):
     """Normalise a device argument: a cuda device always gets an index (the current device)."""
-    global _cuda
     if type(d) is str:
-        parsed = _parsed.get(d)
-        if parsed is None:
-            parsed = _parsed[d] = device(d)
-        d = parsed
-    elif isinstance(d, int):
+        named = _named.get(d)
+        if named is not None:
+            return named
+        parsed = device(d)
+        named = _resolve(parsed)
+        if parsed.index is not None or named is CPU or len(_cuda._DEVICES) == 1:
+            _named[d] = named  # "cuda" names the current device, which is always cuda:0 on a one-GPU machine
+        return named
+    if isinstance(d, int):
         d = device("cuda", d)
     elif not isinstance(d, device):
         d = device(d)
+    return _resolve(d)
+
+
+def _resolve(d):
+    global _cuda
     if d.type != "cuda":
         return CPU
     if _cuda is None:

@@ -91,12 +91,16 @@ def from_cuda_array_interface(obj, desc):
         raise BufferError(f"__cuda_array_interface__ has {len(shape)} dims in shape {shape} but "
                           f"{len(stride)} in strides {tuple(strides)}")
     from . import cuda
-    device = cuda._DEVICES[cuda._check_index(cuda.current_device())]
+    device = cuda._device()
     stream = desc.get("stream") if version >= 3 else None
     if stream is not None:
         order_after(driver_stream(int(stream)), current_stream_handle(device.index), device)
     storage = UntypedStorage._from_external(ptr or 0, extent_bytes(shape, stride, dtype.itemsize), device, obj)
     return Tensor(storage, shape, stride, 0, dtype)
+
+
+def _is_void(typestr):
+    return isinstance(typestr, str) and typestr[1:2] == "V"
 
 
 def _dtype_of_typestr(typestr):
@@ -143,9 +147,9 @@ def foreign_tensor(obj):
         if not dlpack:
             raise
         desc = None
-    if desc is not None:
+    if desc is not None and not (dlpack and _is_void(desc.get("typestr"))):
         return from_cuda_array_interface(obj, desc)
-    if dlpack:
+    if dlpack:  # also for a typestr of raw bytes ("|V2": torch's bfloat16), whose DLPack dtype says what it is
         from .dlpack import from_dlpack
         return from_dlpack(obj)
     return None

@@ -228,12 +228,17 @@ def _cuda_run(name, x, dims, arg, in_dtype, out_dtype, out_shape):
 
     if not (cast or arg or scratch_bytes) and order is None and launch is not None:
         allocate = UntypedStorage._allocate
+        kernel, grid_x, grid_y, tail = plan.single
 
         def run_direct(x):
             """The common case without the generic handling: the input read in place, one launch."""
             stream = current_stream_handle(index)
             out = allocate(out_bytes, device, allocator, stream)
-            launch(stream, x._storage._block.ptr + x._offset * itemsize, out._block.ptr, 0, 0)
+            ptr = x._storage._block.ptr + x._offset * itemsize
+            if ptr & 15:
+                launch(stream, ptr, out._block.ptr, 0, 0)
+            else:
+                kernel(grid_x, grid_y, 1, stream, ptr, 0, out._block.ptr, 0, *tail)
             return Tensor(out, out_shape, out_strides, 0, out_dtype)
         return run_direct
 

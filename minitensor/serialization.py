@@ -5,8 +5,9 @@ A checkpoint is a zip (`zipformat`) holding `data.pkl`, the pickled object in to
 `torch.load(f, weights_only=True)` reads what `save` writes, and `load` reads what `torch.save` writes.
 
 Storage bytes move through two functions, `write_storage` and `read_storage`: a cuda storage is staged
-through host memory there, and only there.
+through pinned host memory there, and only there.
 """
+import ctypes
 import io
 import mmap as _mmap
 import os
@@ -14,8 +15,9 @@ import sys
 
 import numpy as np
 
-from . import cuda, torch_pickle
+from . import cuda, staging, torch_pickle
 from .atomicfile import atomic_write
+from .cuda.streams import current_stream_handle
 from .device import CPU, as_device, device as _device
 from .safe_unpickler import loads
 from .storage import UntypedStorage
@@ -61,11 +63,16 @@ def _write_archive(file, prefix, data, storages):
 def write_storage(record, storage):
     """Write one storage's bytes to its record (`record.write(buffer)`, any number of times).
 
-    A cuda storage is copied to the host whole, then written; the GPU path replaces this with
-    device-to-host copies through pinned buffers overlapped with the writes."""
-    if storage.device.type != "cpu":
-        storage = storage.cpu()
-    record.write(storage._array)
+    A cuda storage goes through pinned chunks (staging.py): the device copies the next chunks while one is
+    written, and no host copy of the whole storage is made."""
+    if storage.device.type == "cpu" or not storage.nbytes():
+        record.write(storage.cpu()._array)
+        return
+    index = storage.device.index
+    with cuda.device(index):  # staging works on the current device
+        staging.device_to_consumer(storage.data_ptr(), storage.nbytes(), index, current_stream_handle(index),
+                                   lambda offset, chunk, n: record.write((ctypes.c_char * n).from_address(chunk)))
+        cuda.raise_device_errors(index)
 
 
 def load(f, map_location=None, weights_only=True, mmap=False):

@@ -52,15 +52,22 @@ def host_to_device(dst, src, nbytes, device, stream):
 
 def device_to_host(dst, src, nbytes, device, stream):
     """Device memory at `src` to pageable host memory at `dst`, after the stream's work; complete on return."""
+    device_to_consumer(src, nbytes, device, stream, lambda offset, chunk, n: host_copy(dst + offset, chunk, n))
+
+
+def device_to_consumer(src, nbytes, device, stream, consume):
+    """Device memory at `src`, after the stream's work, handed piece by piece to `consume(offset, chunk, n)`
+    (`n` bytes at host address `chunk`, valid during the call) in order; the device fills the next chunks
+    meanwhile. Complete on return. Saving a cuda tensor writes each piece to the file this way."""
     driver = active_driver()
     size, chunks, events = _start(nbytes, [device])
     pieces = [(offset, min(size, nbytes - offset)) for offset in range(0, nbytes, size)]
 
-    def drain(k):  # host copy of piece k out of its chunk, once its transfer is done
+    def drain(k):  # piece k out of its chunk, once its transfer is done
         offset, n = pieces[k]
         i = k % len(chunks)
         driver.event_synchronize(events[i])
-        host_copy(dst + offset, chunks[i].ptr, n)
+        consume(offset, chunks[i].ptr, n)
 
     try:
         for k, (offset, n) in enumerate(pieces):

@@ -30,17 +30,19 @@ class UntypedStorage:
         if device.type == "cpu":
             self._array = np.empty(nbytes, np.uint8)
         else:
-            self._allocator = memory.allocator(device.index)
-            self._block = self._allocator.alloc(nbytes, current_stream_handle(device.index))
+            allocator = memory.allocator(device.index)
+            self._block = allocator.alloc(nbytes, current_stream_handle(device.index))
+            self._allocator = allocator  # only once there is a block for __del__ to give back
 
     @classmethod
     def _allocate(cls, nbytes, device, allocator, stream):
         """A cuda storage from `allocator` (the device's) on `stream`: the per-op fast path."""
+        block = allocator.alloc(nbytes, stream)  # first: a failed allocation leaves no half-built storage
         storage = cls.__new__(cls)
         storage.device = device
         storage._nbytes = nbytes
         storage._array = None
-        storage._block = allocator.alloc(nbytes, stream)
+        storage._block = block
         storage._allocator = allocator
         storage._owner = None
         return storage
@@ -131,7 +133,7 @@ class UntypedStorage:
         """This storage if it is on that cuda device (default: the current one), else a copy there;
         asynchronous with non_blocking from pinned memory (see copies.py)."""
         from . import cuda
-        target = cuda._DEVICES[cuda._index(device)]
+        target = cuda._device(device)
         return self if self.device == target else self._copy_to(target, non_blocking)
 
     def _copy_to(self, device, non_blocking=False):

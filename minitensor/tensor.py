@@ -472,8 +472,7 @@ class Tensor:
 
     def cuda(self, device=None, non_blocking=False):
         from . import cuda
-        index = cuda._check_index(cuda.current_device() if device is None else cuda._index(device))
-        return self.to(cuda._DEVICES[index], non_blocking=non_blocking)
+        return self.to(cuda._device(device), non_blocking=non_blocking)
 
     def type(self, dtype=None):
         if dtype is None:

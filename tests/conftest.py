@@ -2,6 +2,9 @@
 
 With no MINITENSOR_BACKEND set, a machine without a GPU uses the simulator; say so once, not per test.
 """
+import faulthandler
+import os
+
 import pytest
 
 import minitensor as mt
@@ -20,3 +23,12 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     return f"minitensor backend: {mt.cuda.backend()} ({mt.cuda.get_device_name()})"
+
+
+def pytest_sessionfinish(session):
+    """With MINITENSOR_EXIT_WATCHDOG=<file>: a test process still alive 120 s after its tests end (a stream
+    left blocked, a thread that never ends) appends every thread's stack to the file and exits, so a hang at
+    exit shows where it is instead of eating the run's time limit."""
+    path = os.environ.get("MINITENSOR_EXIT_WATCHDOG")
+    if path:
+        faulthandler.dump_traceback_later(120, exit=True, file=open(path, "a"))

@@ -109,6 +109,7 @@ def test_non_blocking_side_stream_and_record_stream():
     """torch's test_record_stream: a non_blocking copy on a side stream, then used on the default stream."""
     t = mt.tensor([1.0, 2.0, 3.0, 4.0]).pin_memory()
     result = mt.empty(4, device="cuda")
+    mt.empty(4, device="cuda").copy_(result)  # loads the copy kernel now: loading one waits for the sleep
     stream = mt.cuda.Stream()
     with mt.cuda.stream(stream):
         tmp = t.cuda(non_blocking=True)

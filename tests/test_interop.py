@@ -58,6 +58,7 @@ def gate():
 def filled_behind(gate):
     """16 zeros on DEV, and a stream that is blocked on `gate` and then fills them with 5.0."""
     src = mt.zeros(16, device=DEV)
+    src.clone()  # loads the copy kernel the tests use: none can be loaded while the gate is closed
     s = mt.cuda.Stream()
     s.wait_stream(mt.cuda.current_stream())  # after the zeros
     with s:
@@ -428,6 +429,22 @@ def test_as_tensor_takes_dlpack_when_the_cai_cannot_describe_the_array():
     assert mt.as_tensor(producer).data_ptr() == t.data_ptr() and len(producer.calls) == 1
     with pytest.raises(KeyError):
         mt.as_tensor(BrokenCAI())
+
+
+class RawBytesCAISpy(SpyProducer):
+    """An array whose CAI typestr says only "two bytes", as torch 2.11's does for bfloat16."""
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (3,), "typestr": "|V2", "data": (self.tensor.data_ptr(), False), "version": 3,
+                "strides": None, "stream": None}
+
+
+def test_as_tensor_takes_dlpack_when_the_cai_gives_raw_bytes():
+    t = mt.empty(3, dtype=mt.bfloat16, device=DEV)
+    producer = RawBytesCAISpy(t)
+    u = mt.as_tensor(producer)
+    assert u.dtype is mt.bfloat16 and u.data_ptr() == t.data_ptr() and len(producer.calls) == 1
 
 
 def test_from_dlpack_falls_back_to_legacy_producers():
@@ -824,6 +841,7 @@ def test_cupy_both_ways(cupy, dtype):
 
 
 def test_cupy_stream_is_waited_for(cupy, gate):
+    mt.zeros(16, device=DEV).clone()  # loads the copy kernel: none can be loaded while the gate is closed
     arr = cupy.zeros(16, cupy.float32)
     cupy.cuda.Device().synchronize()
     with cupy.cuda.Stream(non_blocking=True) as cs:

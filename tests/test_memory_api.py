@@ -91,6 +91,7 @@ def test_record_stream_with_sleep():
     not reused by its own stream until the sleep is over."""
     data = np.random.rand(4).astype(np.float32)
     result = empty(4)
+    empty(4).copy_(result)  # loads the copy kernel now: loading one waits for the sleep below to end
     stream = mt.cuda.Stream()
     with mt.cuda.stream(stream):
         tmp = mt.tensor(data, device=DEV)

@@ -437,6 +437,7 @@ def test_gate_blocks_only_its_stream():
     s = mt.cuda.Stream()
     gate = mt.cuda.Gate()
     y = full(65, 1.0)
+    full(65, 0.0).add_(1.0)  # loads the kernel: none can be loaded while a gate is closed
     mt.cuda.synchronize()
     done = threading.Event()
     errors = []
@@ -468,6 +469,7 @@ def test_gate_orders_other_stream_through_event():
     s1, s2 = mt.cuda.Stream(), mt.cuda.Stream()
     x = full(129, 0.0)
     y = full(129, -1.0)
+    full(129, 0.0).copy_(x)  # loads the kernel: none can be loaded while a gate is closed
     mt.cuda.synchronize()
     gate = mt.cuda.Gate()
     try:

@@ -255,6 +255,8 @@ class NvidiaDriver(Driver):
         self._timing_kernels().spin_sleep(stream, int(ms * 1e6))
 
     def gate_create(self):
+        # The flag is never freed: a spin kernel may read it after the host opens the gate, and it is 8
+        # bytes per gate of a test helper.
         host = self.host_alloc(8)
         ctypes.c_int32.from_address(host).value = 0
         device_ptr = int(_check(cu.cuMemHostGetDevicePointer(host, 0)))

@@ -416,7 +416,12 @@ class SimDriver(Driver):
 
     # ------------------------------------------------------------------ kernels
     def interpret(self, device, kernel, signature, constexprs):
-        """`kernel` is the interpreted form of a @triton.jit function (see kernels.compat)."""
+        """`kernel` is the interpreted form of a @triton.jit function (see kernels.compat).
+
+        Like loading a module on a GPU (cuModuleLoadData), this first waits for the device to go idle, so that
+        a test which first uses a kernel behind a `sleep` sees the same delay on both backends."""
+        for s in self._device_streams(device):
+            s.wait()
         from ..kernels import compat
         wrap = compat.interpreter_arg_wrappers(signature)
         tail = list(constexprs.values())

@@ -36,6 +36,11 @@ def _check_index(index):
     return index
 
 
+def _device(d=None):
+    """The canonical mt.device of the cuda device named by `d` (see _index)."""
+    return _DEVICES[_check_index(_index(d))]
+
+
 def _index(d):
     """The device index named by None (current), an int, a string or an mt.device."""
     if d is None:
@@ -126,16 +131,35 @@ def sleep(ms):
 
 
 class Gate:
-    """A device-side wait the host releases: `wait()` blocks the current stream until `open()`."""
+    """A device-side wait the host releases: `wait()` blocks the current stream until `open()`.
+
+    While a stream waits on a closed gate, no kernel may be used for the first time: on a GPU, loading a
+    kernel waits for the device to go idle, which it never does before `open()`. The launcher refuses such a
+    load on both backends (`closed_with_waiters`) instead of hanging. A gate dropped while closed opens
+    itself, so a failed test never leaves a stream blocked for every later call and the process's exit."""
+
+    _waited = set()  # ids of gates some stream waits on and that are not open yet
 
     def __init__(self):
         self._gate = active_driver().gate_create()
 
+    @classmethod
+    def closed_with_waiters(cls):
+        return bool(cls._waited)
+
     def wait(self):
         active_driver().gate_wait(self._gate, current_stream().cuda_stream)
+        Gate._waited.add(id(self))
 
     def open(self):
         active_driver().gate_open(self._gate)
+        Gate._waited.discard(id(self))
+
+    def __del__(self):
+        try:
+            self.open()
+        except Exception:  # interpreter shutdown: the driver may already be gone
+            pass
 
 
 def manual_seed(seed):
