@@ -43,10 +43,6 @@ def _new_row(key, kind, name, shape):
             "time": {}, "gbps": {}, "errors": {}, "ratios": {}}
 
 
-def _error_text(exc):
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-
-
 def run_case(case, fws, cfg):
     """One row: each framework timed; a framework that fails is recorded and the rest still run."""
     shape = case.shape(cfg.sim)
@@ -59,7 +55,7 @@ def run_case(case, fws, cfg):
                 fn = case.build(fw, cfg.sim)
                 row["time"][fw.name] = device_s_per_launch(fn, fw, cfg.device_launches, cfg.device_repeats)
             except Exception as exc:  # the package under test may lack an op: report it, go on
-                row["errors"][fw.name] = _error_text(exc)
+                row["errors"][fw.name] = report.error_text(exc)
             fn = None  # free this framework's inputs before the next one allocates
         moved = case.bytes_per_element * math.prod(shape)
         row["bytes"] = moved
@@ -74,10 +70,10 @@ def _time_host(case, fws, cfg, row):
         try:
             contenders[fw.name] = (case.build(fw, cfg.sim), fw.synchronize)
         except Exception as exc:  # the package under test may lack an op: report it, go on
-            row["errors"][fw.name] = _error_text(exc)
+            row["errors"][fw.name] = report.error_text(exc)
     times, errors = host_us_per_call(contenders, cfg.host_calls, cfg.host_repeats)
     row["time"].update(times)
-    row["errors"].update({name: _error_text(exc) for name, exc in errors.items()})
+    row["errors"].update({name: report.error_text(exc) for name, exc in errors.items()})
 
 
 def _with_ratios(row):
@@ -98,7 +94,7 @@ def run_startup(key, fws, cfg):
             else:
                 row["time"][name] = startup.first_op_s(name, cfg.first_op_runs)
         except Exception as exc:  # a broken child process is a result too
-            row["errors"][name] = _error_text(exc)
+            row["errors"][name] = report.error_text(exc)
     return _with_ratios(row)
 
 
@@ -110,7 +106,7 @@ def _device_name(mt):
     try:
         return mt.cuda.get_device_name()
     except Exception as exc:  # informational only
-        return f"unknown ({_error_text(exc)})"
+        return f"unknown ({report.error_text(exc)})"
 
 
 def meta(mt, fws, args, cfg):

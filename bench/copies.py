@@ -5,7 +5,8 @@
 - from and to pageable memory: `.cuda()` / `.cpu()` of a pageable tensor, minitensor (staged through pinned
   chunks) against torch, and a raw driver copy from the same pageable buffer (the driver's own staging).
 
-Each figure is the best wall time of a few runs of copy + stream synchronize, after one untimed run.
+Each figure is the best wall time of a few runs of copy + stream synchronize, after one untimed run, the
+contenders taking turns.
 The cached pinned allocation (`empty(1 MiB, pin_memory=True)` + del, `pinned_empty_del` below) is a host-latency
 case in cases.py.
 """
@@ -13,7 +14,8 @@ from functools import partial
 
 import numpy as np
 
-from bench.timing import best_s
+from bench.report import error_text
+from bench.timing import best_s_in_turns
 
 KIND = "copies"
 GPU_BYTES = 256 << 20
@@ -47,12 +49,15 @@ def run(fws, sim, selected, new_row):
         if not selected(key, name):
             continue
         row = new_row(key, KIND, name, (nbytes,))
+        contenders = {}
         for label, setup in _contenders(key, modules, nbytes):
             try:
-                fn, synchronize = setup()
-                row["time"][label] = best_s(fn, REPEATS, synchronize)
+                contenders[label] = (*setup(), None)
             except Exception as exc:  # one contender failing still leaves the others' numbers
-                row["errors"][label] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                row["errors"][label] = error_text(exc)
+        times, errors = best_s_in_turns(contenders, REPEATS)
+        row["time"].update(times)
+        row["errors"].update({label: error_text(exc) for label, exc in errors.items()})
         row["bytes"] = nbytes
         row["gbps"] = {label: nbytes / t / 1e9 for label, t in row["time"].items()}
         mt = row["time"].get("minitensor")

@@ -7,6 +7,11 @@ RATIO_HELP = ("speed ratio mt_vs_X = X_time / minitensor_time: > 1 means miniten
               "(for bandwidth: minitensor GB/s / X GB/s)")
 
 
+def error_text(exc):
+    """A failed measurement, as the table and the JSON record it: the exception's first line."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
 def table(header, body):
     """Left-aligned columns, two spaces apart."""
     widths = [max(len(str(r[i])) for r in [header, *body]) for i in range(len(header))]

@@ -14,8 +14,8 @@ import tempfile
 
 import numpy as np
 
-from bench.report import bandwidth_section
-from bench.timing import best_s
+from bench.report import bandwidth_section, error_text
+from bench.timing import best_s_in_turns
 
 KIND = "io"
 GPU_BYTES = 2**30
@@ -44,12 +44,16 @@ def run(fws, sim, repeats, selected, new_row):
             device = "cpu" if key.endswith("cpu") or key.startswith("io.disk") else "cuda"
             nbytes = SIM_BYTES[device] if sim else GPU_BYTES
             row = new_row(key, KIND, name, (nbytes // 4,))
+            contenders = {}
             for label, fn in _contenders(key, modules, os.path.join(folder, key), nbytes):
                 try:
                     timed, prepare = fn()
-                    row["time"][label] = best_s(timed, repeats, prepare=prepare)
+                    contenders[label] = (timed, None, prepare)
                 except Exception as exc:  # one framework failing still leaves the others' numbers
-                    row["errors"][label] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                    row["errors"][label] = error_text(exc)
+            times, errors = best_s_in_turns(contenders, repeats)
+            row["time"].update(times)
+            row["errors"].update({label: error_text(exc) for label, exc in errors.items()})
             row["bytes"] = nbytes
             row["gbps"] = {label: nbytes / t / 1e9 for label, t in row["time"].items()}
             rows.append(row)

@@ -51,19 +51,33 @@ def device_s_per_launch(fn, fw, launches, repeats):
     return best
 
 
-def best_s(fn, repeats, synchronize=None, prepare=None):
-    """Wall seconds of fn() (then synchronize(), when given): the best of `repeats`, after one untimed run.
-    `prepare()`, when given, runs untimed before each run."""
-    fn()
-    if synchronize is not None:
-        synchronize()
-    best = math.inf
+def best_s_in_turns(contenders, repeats):
+    """Wall seconds of each contender's run, {label: (fn, synchronize or None, prepare or None)}: the best of
+    `repeats`, after one untimed run each, the contenders taking turns run by run (as host_us_per_call does)
+    so that a passing slowdown of the link or the disk falls on all of them alike. `prepare()` runs untimed
+    before each timed run. Returns ({label: seconds}, {label: exception})."""
+    errors = {}
+    for label, (fn, synchronize, _) in contenders.items():
+        try:
+            fn()
+            if synchronize is not None:
+                synchronize()
+        except Exception as exc:  # one contender failing still leaves the others' numbers
+            errors[label] = exc
+    best = {label: math.inf for label in contenders if label not in errors}
     for _ in range(repeats):
-        if prepare is not None:
-            prepare()
-        start = time.perf_counter()
-        fn()
-        if synchronize is not None:
-            synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
+        for label in list(best):
+            fn, synchronize, prepare = contenders[label]
+            try:
+                if prepare is not None:
+                    prepare()
+                start = time.perf_counter()
+                fn()
+                if synchronize is not None:
+                    synchronize()
+            except Exception as exc:
+                errors[label] = exc
+                del best[label]
+                continue
+            best[label] = min(best[label], time.perf_counter() - start)
+    return best, errors

@@ -53,10 +53,14 @@ def _pinned(t, pin_memory):
 
 def _new(shape, dtype, device, pin_memory):
     if pin_memory:
-        if device is not None and as_device(device).type != "cpu":
-            raise RuntimeError(f"Only dense CPU tensors can be pinned (pin_memory=True with device {device})")
-        return Tensor._empty_pinned(shape, dtype)
+        return _new_pinned(shape, dtype, device)
     return Tensor._empty(shape, dtype, _device(device))
+
+
+def _new_pinned(shape, dtype, device):
+    if device is not None and as_device(device).type != "cpu":
+        raise RuntimeError(f"Only dense CPU tensors can be pinned (pin_memory=True with device {device})")
+    return Tensor._empty_pinned(shape, dtype)
 
 
 def tensor(data, dtype=None, device=None, pin_memory=False, requires_grad=False):
@@ -105,7 +109,9 @@ def _items(x):
 
 def empty(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
     shape = size if len(size) == 1 and type(size[0]) is int else _shape_arg(size)  # empty(n): the hot path
-    return _new(shape, dtype or dtypes.default_float, device, pin_memory)
+    if pin_memory:
+        return _new_pinned(shape, dtype or dtypes.default_float, device)
+    return Tensor._empty(shape, dtype or dtypes.default_float, _device(device))
 
 
 def full(size, fill_value, dtype=None, device=None, pin_memory=False, requires_grad=False):

@@ -102,7 +102,8 @@ class Tensor:
         nbytes = math.prod(shape) * dtype.itemsize
         if device.type == "cuda":  # straight to the allocator: factories and ops call this per op
             index = device.index
-            storage = UntypedStorage._allocate(nbytes, device, memory.allocator(index), current_stream_handle(index))
+            storage = UntypedStorage._allocate(nbytes, device, memory._only or memory.allocator(index),
+                                               current_stream_handle(index))
         else:
             storage = UntypedStorage(nbytes, device)
         return cls(storage, shape, contiguous_strides(shape), 0, dtype)

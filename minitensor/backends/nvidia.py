@@ -6,6 +6,7 @@ Compiled kernels are loaded with cuModuleLoadData and launched by minitensor's C
 so Triton's runtime driver, whose 3.6 version imports torch, is never used.
 """
 import ctypes
+import importlib
 import threading
 import uuid
 
@@ -61,6 +62,7 @@ class NvidiaDriver(Driver):
         self._tls = ThreadDevice()
         self._kernels = None  # minitensor.kernels.timing, loaded with the first sleep or gate
         self._native = None  # the C launcher module, built or loaded with the first kernel
+        self._native_lock = threading.Lock()
 
     # ------------------------------------------------------------------ devices
     def device_count(self):
@@ -96,6 +98,9 @@ class NvidiaDriver(Driver):
         if ctx is None:
             with self._lock:
                 if self._contexts[device] is None:
+                    if not any(self._contexts):
+                        threading.Thread(target=self._prepare_first_op, daemon=True,
+                                         name="minitensor-first-op").start()
                     self._contexts[device] = _check(cu.cuDevicePrimaryCtxRetain(self._devices[device]))
                 ctx = self._contexts[device]
         _check(cu.cuCtxSetCurrent(ctx))
@@ -238,11 +243,22 @@ class NvidiaDriver(Driver):
 
     def _launcher_module(self):
         if self._native is None:
-            from ..kernels import native
-            module = native.load()
-            module.init(_raise_launch_error)
-            self._native = module
+            with self._native_lock:
+                if self._native is None:
+                    from ..kernels import native
+                    module = native.load()
+                    module.init(_raise_launch_error)
+                    self._native = module
         return self._native
+
+    def _prepare_first_op(self):
+        """Run while the first context is created (~100 ms, the GIL released): load what the first op needs
+        next, the C launcher and the allocator's modules."""
+        try:
+            self._launcher_module()
+            importlib.import_module("minitensor.allocator")
+        except Exception:  # the first op loads them again itself, and reports what fails
+            pass
 
     # ------------------------------------------------------------------ test helpers
     def _timing_kernels(self):
