@@ -61,7 +61,7 @@ def _executor():
     with _pool_lock:
         if _pool is None:
             from concurrent.futures import ThreadPoolExecutor  # here, not at import: it slows `import minitensor`
-            _pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+            _pool = ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1),
                                        thread_name_prefix="minitensor-crc32")
     return _pool
 
