@@ -841,8 +841,11 @@ def test_cupy_both_ways(cupy, dtype):
 
 
 def test_cupy_stream_is_waited_for(cupy, gate):
-    mt.zeros(16, device=DEV).clone()  # loads the copy kernel: none can be loaded while the gate is closed
+    # Load the kernels used behind the gate now, minitensor's copy and CuPy's fill: loading one waits for the
+    # device to go idle, which it never does while the gate is closed (CuPy's loads are not ours to refuse).
+    mt.zeros(16, device=DEV).clone()
     arr = cupy.zeros(16, cupy.float32)
+    arr.fill(1)
     cupy.cuda.Device().synchronize()
     with cupy.cuda.Stream(non_blocking=True) as cs:
         with mt.cuda.stream(mt.cuda.ExternalStream(cs.ptr)):
@@ -897,6 +900,8 @@ def test_torch_lifetime_and_cpu(torch):
 
 
 def test_torch_from_dlpack_waits_for_minitensors_stream(torch, gate):
+    torch.zeros(16, device="cuda").clone()  # loads torch's copy kernel: see test_cupy_stream_is_waited_for
+    torch.cuda.synchronize()
     src, s = filled_behind(gate)
     with s:
         tt = torch.from_dlpack(src)  # torch passes its current stream; s's work must come first
