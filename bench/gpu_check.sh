@@ -17,6 +17,7 @@ OUT="${OUT:-$(mktemp -d)}"
 STAGES="${STAGES:-tests bench}"
 SERIAL_TESTS="tests/test_memory_api.py"
 mkdir -p "$OUT"
+export MINITENSOR_EXIT_WATCHDOG="${MINITENSOR_EXIT_WATCHDOG:-$OUT/exit_hang.log}"  # see tests/conftest.py
 
 "$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1
 pip_rc=$?

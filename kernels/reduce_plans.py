@@ -179,8 +179,8 @@ class ReducePlan:
 
         if splits == 1:
             self.scratch_bytes = 0
-            self.run, self.single = _launch(device, in_dtype.triton, out_dtype.triton, m, n, k_sizes, k_strides, r_sizes,
-                               r_strides, 1, blocks, flags(False, True), index64, n, False)
+            self.run, self.single = _launch(device, in_dtype.triton, out_dtype.triton, m, n, k_sizes, k_strides,
+                                            r_sizes, r_strides, 1, blocks, flags(False, True), index64, n, False)
             return
         self.single = None
         first, _ = _launch(device, in_dtype.triton, acc, m, n, k_sizes, k_strides, r_sizes, r_strides, splits, blocks,

@@ -136,8 +136,8 @@ class Gate:
     While a stream waits on a closed gate, no kernel may be used for the first time: on a GPU, loading a
     kernel waits for the device to go idle, which it never does before `open()`. The launcher refuses such a
     load on both backends (`closed_with_waiters`) instead of hanging; another library's first use of one of
-    its kernels (CuPy, torch) behind a closed gate hangs, unseen by minitensor. A gate dropped while closed opens
-    itself, so a failed test never leaves a stream blocked for every later call and the process's exit."""
+    its kernels (CuPy, torch) behind a closed gate hangs, unseen by minitensor. A gate dropped while closed
+    opens itself, so a failed test never leaves a stream blocked for every later call and the process's exit."""
 
     _waited = set()  # ids of gates some stream waits on and that are not open yet
 
