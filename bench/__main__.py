@@ -65,15 +65,8 @@ def run_case(case, fws, cfg):
 
 def _time_host(case, fws, cfg, row):
     """Small inputs: every framework's at once, timed in turns (timing.host_us_per_call)."""
-    contenders = {}
-    for fw in fws:
-        try:
-            contenders[fw.name] = (case.build(fw, cfg.sim), fw.synchronize)
-        except Exception as exc:  # the package under test may lack an op: report it, go on
-            row["errors"][fw.name] = report.error_text(exc)
-    times, errors = host_us_per_call(contenders, cfg.host_calls, cfg.host_repeats)
-    row["time"].update(times)
-    row["errors"].update({name: report.error_text(exc) for name, exc in errors.items()})
+    setups = {fw.name: (lambda fw=fw: (case.build(fw, cfg.sim), fw.synchronize)) for fw in fws}
+    report.add_times(row, *host_us_per_call(setups, cfg.host_calls, cfg.host_repeats))
 
 
 def _with_ratios(row):

@@ -14,7 +14,7 @@ from functools import partial
 
 import numpy as np
 
-from bench.report import error_text
+from bench.report import add_times
 from bench.timing import best_s_in_turns
 
 KIND = "copies"
@@ -49,15 +49,7 @@ def run(fws, sim, selected, new_row):
         if not selected(key, name):
             continue
         row = new_row(key, KIND, name, (nbytes,))
-        contenders = {}
-        for label, setup in _contenders(key, modules, nbytes):
-            try:
-                contenders[label] = (*setup(), None)
-            except Exception as exc:  # one contender failing still leaves the others' numbers
-                row["errors"][label] = error_text(exc)
-        times, errors = best_s_in_turns(contenders, REPEATS)
-        row["time"].update(times)
-        row["errors"].update({label: error_text(exc) for label, exc in errors.items()})
+        add_times(row, *best_s_in_turns(dict(_contenders(key, modules, nbytes)), REPEATS))
         row["bytes"] = nbytes
         row["gbps"] = {label: nbytes / t / 1e9 for label, t in row["time"].items()}
         mt = row["time"].get("minitensor")
@@ -67,7 +59,7 @@ def run(fws, sim, selected, new_row):
 
 
 def _contenders(key, modules, nbytes):
-    """(label, setup) pairs; setup() makes the buffers and returns (timed callable, synchronize)."""
+    """(label, setup) pairs; setup() makes the buffers and returns (timed callable, synchronize, None)."""
     mt, torch = modules["minitensor"], modules.get("torch")
     pinned = key.endswith("pinned")
     to_device = key.startswith("copy.h2d")
@@ -91,7 +83,7 @@ def _mt_case(mt, nbytes, pinned, to_device):
             lambda: host.copy_(device, non_blocking=True))
     else:
         fn = host.cuda if to_device else device.cpu
-    return fn, stream.synchronize
+    return fn, stream.synchronize, None
 
 
 def _raw_case(mt, nbytes, pinned, to_device):
@@ -114,15 +106,15 @@ def _raw_case(mt, nbytes, pinned, to_device):
 
     def run():  # keep the tensors alive with the callable
         return fn(), host, device
-    return run, stream.synchronize
+    return run, stream.synchronize, None
 
 
 def _torch_case(torch, nbytes, to_device):
     host = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     if to_device:
-        return host.cuda, torch.cuda.synchronize
+        return host.cuda, torch.cuda.synchronize, None
     device = host.cuda()
-    return device.cpu, torch.cuda.synchronize
+    return device.cpu, torch.cuda.synchronize, None
 
 
 def section(rows, verdicts):

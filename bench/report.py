@@ -12,6 +12,12 @@ def error_text(exc):
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
+def add_times(row, times, errors):
+    """A row's measured times and, for each contender that failed, its error."""
+    row["time"].update(times)
+    row["errors"].update({label: error_text(exc) for label, exc in errors.items()})
+
+
 def table(header, body):
     """Left-aligned columns, two spaces apart."""
     widths = [max(len(str(r[i])) for r in [header, *body]) for i in range(len(header))]

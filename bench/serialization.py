@@ -14,7 +14,7 @@ import tempfile
 
 import numpy as np
 
-from bench.report import bandwidth_section, error_text
+from bench.report import add_times, bandwidth_section
 from bench.timing import best_s_in_turns
 
 KIND = "io"
@@ -44,16 +44,8 @@ def run(fws, sim, repeats, selected, new_row):
             device = "cpu" if key.endswith("cpu") or key.startswith("io.disk") else "cuda"
             nbytes = SIM_BYTES[device] if sim else GPU_BYTES
             row = new_row(key, KIND, name, (nbytes // 4,))
-            contenders = {}
-            for label, fn in _contenders(key, modules, os.path.join(folder, key), nbytes):
-                try:
-                    timed, prepare = fn()
-                    contenders[label] = (timed, None, prepare)
-                except Exception as exc:  # one framework failing still leaves the others' numbers
-                    row["errors"][label] = error_text(exc)
-            times, errors = best_s_in_turns(contenders, repeats)
-            row["time"].update(times)
-            row["errors"].update({label: error_text(exc) for label, exc in errors.items()})
+            add_times(row, *best_s_in_turns(dict(_contenders(key, modules, os.path.join(folder, key), nbytes)),
+                                            repeats))
             row["bytes"] = nbytes
             row["gbps"] = {label: nbytes / t / 1e9 for label, t in row["time"].items()}
             rows.append(row)
@@ -63,7 +55,8 @@ def run(fws, sim, repeats, selected, new_row):
 
 
 def _contenders(key, modules, path, nbytes):
-    """(label, setup) pairs; setup() prepares inputs and files and returns the timed callable."""
+    """(label, setup) pairs; setup() prepares inputs and files and returns (timed callable, None, the untimed
+    step before each timed run or None)."""
     mt, torch = modules["minitensor"], modules.get("torch")
     n = nbytes // 4
     if key == "io.disk_write":
@@ -85,7 +78,7 @@ def _raw_write(path, nbytes):
     def write():
         with open(path, "wb") as f:
             f.write(memoryview(data))
-    return write, _deleter(path)
+    return write, None, _deleter(path)
 
 
 def _raw_read(path, nbytes):
@@ -95,7 +88,7 @@ def _raw_read(path, nbytes):
     def read():
         with open(path, "rb") as f:
             f.readinto(memoryview(buffer))
-    return read, None
+    return read, None, None
 
 
 def _deleter(path):
@@ -109,20 +102,20 @@ def _deleter(path):
 def _mt_case(mt, key, device, path, n):
     if key.startswith("io.save"):
         x = mt.rand(n, device=device)
-        return (lambda: mt.save(x, path)), _deleter(path)
+        return (lambda: mt.save(x, path)), None, _deleter(path)
     mt.save(mt.rand(n, device=device), path)
 
     def load():
         mt.load(path, map_location=device)
         if device == "cuda":
             mt.cuda.synchronize()
-    return load, None
+    return load, None, None
 
 
 def _torch_case(torch, key, device, path, n, mmap):
     if key.startswith("io.save"):
         x = torch.rand(n, device=device)
-        return (lambda: torch.save(x, path)), _deleter(path)
+        return (lambda: torch.save(x, path)), None, _deleter(path)
     torch.save(torch.rand(n, device=device), path)
 
     def load():
@@ -132,7 +125,7 @@ def _torch_case(torch, key, device, path, n, mmap):
             torch.load(path, weights_only=True, map_location=device)
         if device == "cuda":
             torch.cuda.synchronize()
-    return load, None
+    return load, None, None
 
 
 def section(rows, verdicts):

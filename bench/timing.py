@@ -1,35 +1,27 @@
 """Timing loops shared by every framework, so all of them are measured the same way."""
 
+import functools
 import math
 import time
 
 
-def host_us_per_call(contenders, calls, repeats):
-    """Host time per call in microseconds for each of `contenders` ({name: (fn, synchronize)}): the best of
-    `repeats` tight loops of `calls` calls. The frameworks take turns, loop by loop, so that a drift of the
-    machine's speed (clock boost, a neighbour's load) falls on all of them alike.
+def host_us_per_call(setups, calls, repeats):
+    """Host time per call in microseconds for each framework, {name: setup}, setup() -> (fn, synchronize):
+    the best of `repeats` tight loops of `calls` calls, timed in turns (best_s_in_turns).
 
     Each loop ends with a synchronize, so a framework cannot hide work in a queue that grows without bound;
-    with small kernels the host side is what this measures. Returns ({name: us}, {name: error text}).
+    with small kernels the host side is what this measures. Returns ({name: us}, {name: exception}).
     """
-    errors = {}
-    for name, (fn, synchronize) in contenders.items():
-        try:
-            for _ in range(max(3, calls // 10)):  # warm-up: compile kernels, fill caches
-                fn()
-            synchronize()
-        except Exception as exc:  # the package under test may lack an op: report it, go on
-            errors[name] = exc
-    best = {name: math.inf for name in contenders if name not in errors}
-    for _ in range(repeats):
-        for name in best:
-            fn, synchronize = contenders[name]
-            start = time.perf_counter()
+    def looped(setup):
+        fn, synchronize = setup()
+
+        def loop():
             for _ in range(calls):
                 fn()
-            synchronize()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return {name: t / calls * 1e6 for name, t in best.items()}, errors
+        return loop, synchronize, None
+    seconds, errors = best_s_in_turns({name: functools.partial(looped, setup) for name, setup in setups.items()},
+                                      repeats)
+    return {name: t / calls * 1e6 for name, t in seconds.items()}, errors
 
 
 def device_s_per_launch(fn, fw, launches, repeats):
@@ -51,20 +43,24 @@ def device_s_per_launch(fn, fw, launches, repeats):
     return best
 
 
-def best_s_in_turns(contenders, repeats):
-    """Wall seconds of each contender's run, {label: (fn, synchronize or None, prepare or None)}: the best of
-    `repeats`, after one untimed run each, the contenders taking turns run by run (as host_us_per_call does)
-    so that a passing slowdown of the link or the disk falls on all of them alike. `prepare()` runs untimed
-    before each timed run. Returns ({label: seconds}, {label: exception})."""
-    errors = {}
-    for label, (fn, synchronize, _) in contenders.items():
+def best_s_in_turns(setups, repeats):
+    """Wall seconds of each contender's run, {label: setup}, setup() -> (fn, synchronize or None, prepare or
+    None): the best of `repeats`, after one untimed run each (the warm-up: compiled kernels, filled caches).
+    The contenders take turns, run by run, so that a drift of the machine's speed (clock boost, a
+    neighbour's load, a passing slowdown of the link or the disk) falls on all of them alike. `prepare()` runs
+    untimed before each timed run. A contender whose setup or run fails is dropped, and its exception
+    returned: the package under test may lack an op. Returns ({label: seconds}, {label: exception})."""
+    contenders, errors = {}, {}
+    for label, setup in setups.items():
         try:
+            fn, synchronize, _ = contenders[label] = setup()
             fn()
             if synchronize is not None:
                 synchronize()
-        except Exception as exc:  # one contender failing still leaves the others' numbers
+        except Exception as exc:
+            contenders.pop(label, None)
             errors[label] = exc
-    best = {label: math.inf for label in contenders if label not in errors}
+    best = {label: math.inf for label in contenders}
     for _ in range(repeats):
         for label in list(best):
             fn, synchronize, prepare = contenders[label]
