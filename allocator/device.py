@@ -115,8 +115,13 @@ class DeviceCachingAllocator(StatsReset):
                             b += free_list.other_stats.inactive_split_bytes
                             if b > free_list.all_peaks.inactive_split_bytes_peak:
                                 free_list.all_peaks.inactive_split_bytes_peak = b
-                        elif kind is not _WHOLE:
-                            self._count_reuse_split(victim, kind)
+                        elif kind is _REJOIN_WHOLE:  # the free unsplits the segment, the take splits it again
+                            p.inactive_split_inc += 1
+                            p.inactive_split_bytes_inc += victim.next.size
+                        elif kind is _ALONE:  # the free makes it a free split block, the take undoes it
+                            p.inactive_split_inc += 1
+                            p.inactive_split_bytes_inc += size
+                            self._split_peaks(p, 1, size)
                         p.allocation_inc += 1
                         p.allocated_bytes_inc += size
                         p.requested_bytes_inc += nbytes
@@ -215,18 +220,6 @@ class DeviceCachingAllocator(StatsReset):
         freed = self._freed
         for _ in range(len(freed)):
             self._free(freed.popleft())
-
-    def _count_reuse_split(self, victim, kind):
-        """How the victim's free and allocation move the inactive split blocks, for _ALONE and _REJOIN_WHOLE
-        (the hot path counts _REJOIN itself)."""
-        p = victim.free_list.stats
-        if kind is _ALONE:  # the free makes it a free split block, the take undoes it
-            p.inactive_split_inc += 1
-            p.inactive_split_bytes_inc += victim.size
-            self._split_peaks(p, 1, victim.size)
-        else:  # _REJOIN_WHOLE: the free unsplits the segment, the take splits it again
-            p.inactive_split_inc += 1
-            p.inactive_split_bytes_inc += victim.next.size
 
     def _count_requested(self, victim, nbytes):
         """A victim handed out again for another number of bytes than before."""

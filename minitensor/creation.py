@@ -111,7 +111,7 @@ def empty(*size, dtype=None, device=None, pin_memory=False, requires_grad=False)
     shape = size if len(size) == 1 and type(size[0]) is int else _shape_arg(size)  # empty(n): the hot path
     if pin_memory:
         return _new_pinned(shape, dtype or dtypes.default_float, device)
-    return Tensor._empty(shape, dtype or dtypes.default_float, _device(device))
+    return Tensor._empty(shape, dtype or dtypes.default_float, CPU if device is None else as_device(device))
 
 
 def full(size, fill_value, dtype=None, device=None, pin_memory=False, requires_grad=False):

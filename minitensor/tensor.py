@@ -14,7 +14,7 @@ from . import indexing
 from . import random
 from . import reductions
 from .cuda import memory
-from .cuda.streams import current_stream_handle
+from .cuda.streams import _tls as _streams_tls
 from .device import CPU, as_device
 from .storage import UntypedStorage
 
@@ -102,8 +102,9 @@ class Tensor:
         nbytes = math.prod(shape) * dtype.itemsize
         if device.type == "cuda":  # straight to the allocator: factories and ops call this per op
             index = device.index
+            handles = _streams_tls.handles  # current_stream_handle(index), inline
             storage = UntypedStorage._allocate(nbytes, device, memory._only or memory.allocator(index),
-                                               current_stream_handle(index))
+                                               0 if handles is None else handles[index])
         else:
             storage = UntypedStorage(nbytes, device)
         return cls(storage, shape, contiguous_strides(shape), 0, dtype)
@@ -585,29 +586,29 @@ class Tensor:
     def clamp_(self, min=None, max=None): return pointwise.clamp(self, min, max, out=self)
     clip, clip_ = clamp, clamp_
 
-    def __add__(self, other): return pointwise.binary("add", self, other)
-    def __radd__(self, other): return pointwise.binary("add", other, self)
-    def __sub__(self, other): return pointwise.binary("sub", self, other)
-    def __rsub__(self, other): return pointwise.binary("sub", other, self)
-    def __mul__(self, other): return pointwise.binary("mul", self, other)
-    def __rmul__(self, other): return pointwise.binary("mul", other, self)
-    def __truediv__(self, other): return pointwise.binary("div", self, other)
-    def __rtruediv__(self, other): return pointwise.binary("div", other, self)
-    def __floordiv__(self, other): return pointwise.binary("floor_divide", self, other)
-    def __rfloordiv__(self, other): return pointwise.binary("floor_divide", other, self)
-    def __mod__(self, other): return pointwise.binary("remainder", self, other)
-    def __rmod__(self, other): return pointwise.binary("remainder", other, self)
+    __add__ = pointwise.binary_method("add")
+    __radd__ = pointwise.binary_method("add", reflected=True)
+    __sub__ = pointwise.binary_method("sub")
+    __rsub__ = pointwise.binary_method("sub", reflected=True)
+    __mul__ = pointwise.binary_method("mul")
+    __rmul__ = pointwise.binary_method("mul", reflected=True)
+    __truediv__ = pointwise.binary_method("div")
+    __rtruediv__ = pointwise.binary_method("div", reflected=True)
+    __floordiv__ = pointwise.binary_method("floor_divide")
+    __rfloordiv__ = pointwise.binary_method("floor_divide", reflected=True)
+    __mod__ = pointwise.binary_method("remainder")
+    __rmod__ = pointwise.binary_method("remainder", reflected=True)
     def __pow__(self, other): return pointwise.power(self, other)
-    def __rpow__(self, other): return pointwise.binary("pow", other, self)
-    def __and__(self, other): return pointwise.binary("bitwise_and", self, other)
-    def __rand__(self, other): return pointwise.binary("bitwise_and", other, self)
-    def __or__(self, other): return pointwise.binary("bitwise_or", self, other)
-    def __ror__(self, other): return pointwise.binary("bitwise_or", other, self)
-    def __xor__(self, other): return pointwise.binary("bitwise_xor", self, other)
-    def __rxor__(self, other): return pointwise.binary("bitwise_xor", other, self)
-    def __neg__(self): return pointwise.unary("neg", self)
-    def __abs__(self): return pointwise.unary("abs", self)
-    def __invert__(self): return pointwise.unary("bitwise_not", self)
+    __rpow__ = pointwise.binary_method("pow", reflected=True)
+    __and__ = pointwise.binary_method("bitwise_and")
+    __rand__ = pointwise.binary_method("bitwise_and", reflected=True)
+    __or__ = pointwise.binary_method("bitwise_or")
+    __ror__ = pointwise.binary_method("bitwise_or", reflected=True)
+    __xor__ = pointwise.binary_method("bitwise_xor")
+    __rxor__ = pointwise.binary_method("bitwise_xor", reflected=True)
+    __neg__ = pointwise.unary_method("neg")
+    __abs__ = pointwise.unary_method("abs")
+    __invert__ = pointwise.unary_method("bitwise_not")
     def __iadd__(self, other): return pointwise.binary("add", self, other, out=self)
     def __isub__(self, other): return pointwise.binary("sub", self, other, out=self)
     def __imul__(self, other): return pointwise.binary("mul", self, other, out=self)
@@ -621,12 +622,12 @@ class Tensor:
 
     # Comparisons with a number or a tensor are elementwise; with anything else they are NotImplemented (so
     # `t == None` is False, as in torch), decided on the first, checked call of each signature.
-    def __eq__(self, other): return pointwise.binary("eq", self, other, comparison=True)
-    def __ne__(self, other): return pointwise.binary("ne", self, other, comparison=True)
-    def __lt__(self, other): return pointwise.binary("lt", self, other, comparison=True)
-    def __le__(self, other): return pointwise.binary("le", self, other, comparison=True)
-    def __gt__(self, other): return pointwise.binary("gt", self, other, comparison=True)
-    def __ge__(self, other): return pointwise.binary("ge", self, other, comparison=True)
+    __eq__ = pointwise.binary_method("eq", comparison=True)
+    __ne__ = pointwise.binary_method("ne", comparison=True)
+    __lt__ = pointwise.binary_method("lt", comparison=True)
+    __le__ = pointwise.binary_method("le", comparison=True)
+    __gt__ = pointwise.binary_method("gt", comparison=True)
+    __ge__ = pointwise.binary_method("ge", comparison=True)
     __hash__ = object.__hash__  # by identity, as torch: __eq__ is elementwise
 
     # random numbers (random.py): bound as methods, so t.uniform_() is one call
@@ -655,12 +656,12 @@ def _add_pointwise_methods():
             return (lambda self, other: pointwise.power(self, other, out=self)) if in_place else pointwise.power
         if in_place:
             return lambda self, other: pointwise.binary(name, self, other, out=self)
-        return lambda self, other: pointwise.binary(name, self, other)
+        return pointwise.binary_method(name)
 
     def unary_method(name, in_place):
         if in_place:
             return lambda self: pointwise.unary(name, self, out=self)
-        return lambda self: pointwise.unary(name, self)
+        return pointwise.unary_method(name)
 
     for name in pointwise.BINARY_METHODS:
         setattr(Tensor, name, binary_method(name, False))
