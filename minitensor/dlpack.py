@@ -7,6 +7,7 @@ memory dies. A capsule nobody consumed calls the deleter from its own destructor
 """
 import ctypes
 import enum
+import os
 
 import numpy as np
 
@@ -92,8 +93,7 @@ def _pythonapi(name, restype, *argtypes):
     return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
 
 
-_capsule_new = _pythonapi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
-                           _CAPSULE_DESTRUCTOR)
+_capsule_new = _pythonapi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
 _capsule_is_valid = _pythonapi("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
 _capsule_get_pointer = _pythonapi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
 _capsule_get_name = _pythonapi("PyCapsule_GetName", ctypes.c_char_p, ctypes.py_object)
@@ -104,15 +104,29 @@ _raw_get_pointer = _pythonapi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_
 _err_occurred = _pythonapi("PyErr_Occurred", ctypes.c_void_p)  # a pythonapi call raises a pending exception
 
 
+def capsule_destructor():
+    """The address of the capsules' destructor: the C one (_dlpack_capsule.c), built on first use; without a C
+    compiler, the ctypes callback below."""
+    global _destructor
+    if _destructor is None:
+        try:
+            from .kernels import native
+            _destructor = native.load(_DESTRUCTOR_SOURCE, "_minitensor_dlpack_capsule").destructor_address()
+        except RuntimeError:  # no compiler
+            _destructor = ctypes.cast(_destroy_capsule_c, ctypes.c_void_p).value
+    return _destructor
+
+
 def _destroy_capsule(capsule, structs=_STRUCTS, is_valid=_raw_is_valid, get_pointer=_raw_get_pointer,
                      err_occurred=_err_occurred):
-    """A capsule that was never consumed still owns its tensor: run the deleter. (The defaults keep what it
-    needs at interpreter shutdown.)
+    """The destructor without a C compiler: a capsule that was never consumed still owns its tensor, so run
+    the deleter. (The defaults keep what it needs at interpreter shutdown.)
 
     A C consumer may drop the capsule with its own exception pending (numpy refusing a cuda tensor does).
     Python code cannot run, nor return, with an exception pending, and a ctypes callback cannot hand one
     back: the exception is taken up first and raised again last, so that ctypes prints it as unraisable.
     The consumer then fails with a SystemError, its reason printed rather than lost, and nothing leaks.
+    The C destructor hands the exception back instead.
     """
     pending = None
     try:
@@ -131,6 +145,8 @@ def _destroy_capsule(capsule, structs=_STRUCTS, is_valid=_raw_is_valid, get_poin
 
 
 _destroy_capsule_c = _CAPSULE_DESTRUCTOR(_destroy_capsule)
+_DESTRUCTOR_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_dlpack_capsule.c")
+_destructor = None  # see capsule_destructor()
 
 # ---------------------------------------------------------------------------------------------- export
 _exported = {}  # address of an exported DLManagedTensor[Versioned] -> what must live until its deleter runs
@@ -196,7 +212,7 @@ def _capsule(t, versioned, flags):
         managed = DLManagedTensor(dl_tensor=dl_tensor, manager_ctx=None, deleter=_release_c)
     ptr = ctypes.addressof(managed)
     _exported[ptr] = (managed, shape, strides, t)
-    return _capsule_new(ptr, _VERSIONED if versioned else _LEGACY, _destroy_capsule_c)
+    return _capsule_new(ptr, _VERSIONED if versioned else _LEGACY, capsule_destructor())
 
 
 def _device_of(dl_device):
