@@ -150,7 +150,9 @@ def test_device_to_host_casts(src_dtype, dst_dtype, non_blocking):
     expected = host_values((random.randint(1, 300),), src_dtype)
     src = expected.cuda()
     dst = mt.empty(src.shape, dtype=dst_dtype, pin_memory=True)
-    dst.copy_(src)  # compiles the cast kernel, so that the copy below is queued within the sleep
+    # Load the kernels this very copy uses first (a blocking copy may take another path): on a GPU a kernel's
+    # first load waits for the device to go idle, which would make the copy below wait for the sleep.
+    dst.copy_(src, non_blocking=non_blocking)
     dst.zero_()
     mt.cuda.synchronize()
     mt.cuda.sleep(100)

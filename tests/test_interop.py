@@ -643,7 +643,7 @@ def test_numpy_refusing_a_cuda_capsule_says_why_and_leaks_nothing():
     (as torch's does) and still runs the deleter."""
     t = mt.tensor([1.5, 2.5], device=DEV)
     exported = len(dlpack._exported)
-    with pytest.raises(RuntimeError, match="Unsupported device in DLTensor"):
+    with pytest.raises((RuntimeError, BufferError), match="Unsupported device in DLTensor"):  # numpy versions differ
         np.from_dlpack(t)
     gc.collect()
     assert len(dlpack._exported) == exported
