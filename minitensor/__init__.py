@@ -31,14 +31,7 @@ def sub(input, other, *, alpha=1, out=None):
     return pointwise.binary("sub", input, other, out=out, alpha=alpha)
 
 
-def where(condition, input, other, *, out=None):
-    return pointwise.where(condition, input, other, out=out)
-
-
-def clamp(input, min=None, max=None, *, out=None):
-    return pointwise.clamp(input, min, max, out=out)
-
-
+where, clamp = pointwise.where, pointwise.clamp
 globals().update(pointwise.FUNCTIONS)  # mul, div, exp, eq, maximum, ... with out=
 subtract, clip = sub, clamp
 

@@ -141,44 +141,46 @@ def unary(name, x, out=None):
     return _dispatch(key, ("unary", op), (x,), result, compute, result, out)
 
 
-def where(condition, a, b, out=None):
+def where(condition, input, other, *, out=None):
+    """mt.where and Tensor.where: `input` where `condition` holds, else `other`."""
     Tensor = _tensor.Tensor
     key = ("where",
            (condition.dtype, condition._shape, condition._stride, condition.device.index)
            if type(condition) is Tensor else type(condition),
-           (a.dtype, a._shape, a._stride, a.device.index) if type(a) is Tensor else type(a),
-           (b.dtype, b._shape, b._stride, b.device.index) if type(b) is Tensor else type(b),
+           (input.dtype, input._shape, input._stride, input.device.index) if type(input) is Tensor else type(input),
+           (other.dtype, other._shape, other._stride, other.device.index) if type(other) is Tensor else type(other),
            None if out is None else _key(out))
     run = _runs.get(key)
     if run is not None:
-        return run(condition, a, b, out)
+        return run(condition, input, other, out)
     if not isinstance(condition, Tensor):
         raise TypeError(f"where(): argument 'condition' must be Tensor, not {type(condition).__name__}")
     if condition.dtype is not dtypes.bool_:
         raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype "
                            f"{dtypes.TORCH_NAMES[condition.dtype.name]}")
-    a, b = _operand_value(a), _operand_value(b)
-    cuda_operand = next((x for x in (a, b, out) if isinstance(x, Tensor) and x.device.type == "cuda"), None)
+    input, other = _operand_value(input), _operand_value(other)
+    cuda_operand = next((x for x in (input, other, out) if isinstance(x, Tensor) and x.device.type == "cuda"), None)
     if condition.device.type == "cpu" and condition.dim() == 0 and cuda_operand is not None:
         condition, key = condition.to(cuda_operand.device), None  # as torch; not cached: it moves every call
-    result = dtypes.result_type(a, b)
-    return _dispatch(key, ("ternary", _WHERE), (condition, a, b), result, _compute(result), result, out)
+    result = dtypes.result_type(input, other)
+    return _dispatch(key, ("ternary", _WHERE), (condition, input, other), result, _compute(result), result, out)
 
 
-def clamp(x, min=None, max=None, out=None):
-    key = ("clamp", _key(x), _key(min), _key(max), None if out is None else _key(out))
+def clamp(input, min=None, max=None, *, out=None):
+    """mt.clamp and Tensor.clamp: `input` limited to [min, max] (either may be None, not both)."""
+    key = ("clamp", _key(input), _key(min), _key(max), None if out is None else _key(out))
     run = _runs.get(key)
     if run is not None:
-        return run(x, min, max, out)
-    if not isinstance(x, _tensor.Tensor):
-        raise TypeError(f"clamp(): argument 'input' must be Tensor, not {type(x).__name__}")
+        return run(input, min, max, out)
+    if not isinstance(input, _tensor.Tensor):
+        raise TypeError(f"clamp(): argument 'input' must be Tensor, not {type(input).__name__}")
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
     bounds = [_operand_value(v) for v in (min, max) if v is not None]
-    result = dtypes.result_type(x, *bounds)
+    result = dtypes.result_type(input, *bounds)
     if result is dtypes.bool_:
-        raise RuntimeError(_not_implemented("clamp", x.device, dtypes.bool_))
-    return _dispatch(key, ("ternary", _CLAMP), (x, min, max), result, _compute(result), result, out)
+        raise RuntimeError(_not_implemented("clamp", input.device, dtypes.bool_))
+    return _dispatch(key, ("ternary", _CLAMP), (input, min, max), result, _compute(result), result, out)
 
 
 # ---------------------------------------------------------------------------------------------- typing
