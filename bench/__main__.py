@@ -32,7 +32,7 @@ def make_config(sim, quick):
         return Config(sim, host_calls=20 if quick else 50, host_repeats=1 if quick else 3,
                       device_launches=2 if quick else 5, device_repeats=1 if quick else 3,
                       import_runs=3 if quick else 5, first_op_runs=1 if quick else 3)
-    return Config(sim, host_calls=2000 if quick else 5000, host_repeats=3 if quick else 9,
+    return Config(sim, host_calls=500, host_repeats=15 if quick else 90,  # see timing.host_us_per_call
                   device_launches=5 if quick else 20, device_repeats=3 if quick else 5,
                   import_runs=3 if quick else 5, first_op_runs=2 if quick else 3)
 

@@ -9,16 +9,18 @@ def host_us_per_call(setups, calls, repeats):
     """Host time per call in microseconds for each framework, {name: setup}, setup() -> (fn, synchronize):
     the best of `repeats` tight loops of `calls` calls, timed in turns (best_s_in_turns).
 
-    Each loop ends with a synchronize, so a framework cannot hide work in a queue that grows without bound;
-    with small kernels the host side is what this measures. Returns ({name: us}, {name: exception}).
-    """
+    The device is drained, untimed, before each loop, and a loop is short enough (a few hundred calls) that
+    its launches never fill the device's queue: so the loop measures the host's time per call. Were the
+    queue full, the device's throughput would set the pace (a GPU still at idle clocks runs tiny kernels
+    slower than any framework launches them) and every framework would measure alike.
+    Returns ({name: us}, {name: exception})."""
     def looped(setup):
         fn, synchronize = setup()
 
         def loop():
             for _ in range(calls):
                 fn()
-        return loop, synchronize, None
+        return loop, None, synchronize
     seconds, errors = best_s_in_turns({name: functools.partial(looped, setup) for name, setup in setups.items()},
                                       repeats)
     return {name: t / calls * 1e6 for name, t in seconds.items()}, errors
