@@ -10,7 +10,7 @@ from .device import CPU, as_device
 from .interop import foreign_tensor
 from .ops import to_storage_values
 from .storage import UntypedStorage
-from .tensor import Tensor, _shape_arg
+from .tensor import Tensor, _shape_arg, contiguous_strides
 
 
 def _device(device):
@@ -22,12 +22,7 @@ def _host_tensor(values, dtype):
     host = np.array(to_storage_values(values, dtype), order="C", copy=None)
     storage = UntypedStorage._from_array(host.reshape(-1).view(np.uint8))
     return Tensor(storage, tuple(host.shape), tuple(s // dtype.itemsize for s in host.strides) if host.size
-                  else _contiguous(host.shape), 0, dtype)
-
-
-def _contiguous(shape):
-    from .tensor import contiguous_strides
-    return contiguous_strides(shape)
+                  else contiguous_strides(host.shape), 0, dtype)
 
 
 def _from_host(values, dtype, device):

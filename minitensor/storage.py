@@ -12,14 +12,13 @@ import numpy as np
 
 from .cuda import host_memory, memory
 from .cuda.streams import current_stream_handle
-from .device import CPU
+from .device import CPU, as_device
 
 
 class UntypedStorage:
     __slots__ = ("device", "_nbytes", "_array", "_block", "_allocator", "_owner", "__weakref__")
 
     def __init__(self, nbytes=0, device=None):
-        from .device import as_device
         device = CPU if device is None else as_device(device)
         self.device = device
         self._nbytes = nbytes
