@@ -26,6 +26,7 @@ from .backends import active_driver
 from .cuda import memory
 from .cuda.streams import _tls as _streams_tls, current_stream_handle
 from .device import CPU
+from .layout import layout_number, layout_of
 from .ops import numpy_view
 from .storage import UntypedStorage
 
@@ -40,8 +41,8 @@ _select_runs = {}  # the same for index_select
 def gather(input, dim, index):
     """out[i][j][k] = input[index[i][j][k]][j][k] (dim 0), with out shaped as index; torch.gather."""
     try:
-        key = (input.dtype, input._shape, input._stride, input.device.index, dim, type(dim), index.dtype,
-               index._shape, index._stride, index.device.index)  # type(dim): 1.0 == 1, but is no dim
+        key = (input._layout or layout_of(input), dim, type(dim),  # type(dim): 1.0 == 1, but is no dim
+               index._layout or layout_of(index))
     except AttributeError:  # not tensors: the checked path says which argument is wrong
         key = None
     run = _gather_runs.get(key)
@@ -53,8 +54,8 @@ def gather(input, dim, index):
 def index_select(input, dim, index):
     """The slices input[..., index[j], ...] along `dim`, for a 1-D int64 or int32 index; torch.index_select."""
     try:
-        key = (input.dtype, input._shape, input._stride, input.device.index, dim, type(dim), index.dtype,
-               index._shape, index._stride, index.device.index)  # type(dim): 1.0 == 1, but is no dim
+        key = (input._layout or layout_of(input), dim, type(dim),  # type(dim): 1.0 == 1, but is no dim
+               index._layout or layout_of(index))
     except AttributeError:
         key = None
     run = _select_runs.get(key)
@@ -196,11 +197,13 @@ def _cuda_run(op, input, index, dim, out_shape, kernel_shape, index_strides, bas
     n = math.prod(out_shape)
     nbytes = n * dtype.itemsize
     out_strides = _tensor.contiguous_strides(out_shape)
+    out_layout = layout_number(dtype, out_shape, out_strides, d)
     allocator = memory.allocator(d)
     if n == 0:
         def run_empty(input, index):
             stream = current_stream_handle(d)
-            return Tensor(UntypedStorage._allocate(0, device, allocator, stream), out_shape, out_strides, 0, dtype)
+            return Tensor(UntypedStorage._allocate(0, device, allocator, stream), out_shape, out_strides, 0, dtype,
+                          out_layout)
         return run_empty
     info = size << 16 | min(dim, 0x3FFF) << 2 | op
     plan = index_plans.gather_plan(dtype.itemsize, index.dtype.triton, kernel_shape, index_strides, base_strides,
@@ -217,7 +220,7 @@ def _cuda_run(op, input, index, dim, out_shape, kernel_shape, index_strides, bas
                  index._storage._block.ptr + index._offset * index_size, storage._block.ptr, err)
         if wait:
             _raise_now(d, stream)
-        return Tensor(storage, out_shape, out_strides, 0, dtype)
+        return Tensor(storage, out_shape, out_strides, 0, dtype, out_layout)
     if wait or plan.fast is None:
         return run
     launch, grid, (n, size, dim_stride, base_stride, info) = plan.fast
@@ -234,7 +237,7 @@ def _cuda_run(op, input, index, dim, out_shape, kernel_shape, index_strides, bas
             plan_run(stream, data_ptr, index_ptr, out_ptr, err)
         else:
             launch(grid, 1, 1, stream, data_ptr, index_ptr, out_ptr, err, n, size, dim_stride, base_stride, info)
-        return Tensor(storage, out_shape, out_strides, 0, dtype)
+        return Tensor(storage, out_shape, out_strides, 0, dtype, out_layout)
     return run_contiguous
 
 

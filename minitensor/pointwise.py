@@ -17,6 +17,7 @@ from .cuda.streams import _tls as _streams_tls, current_stream_handle
 from .device import CPU
 from .ops import _scalar_for, broadcast_shapes, numpy_values, numpy_view, plans, to_storage_values
 from .storage import UntypedStorage
+from .layout import layout_of, layout_number
 
 
 # name -> kernel op code (kernels/elementwise.py `_binary_op`) and numpy function
@@ -54,9 +55,10 @@ _runs = {}  # signature -> run(*operands, out) for cuda ops already checked once
 
 
 def _key(x):
-    """What an operand contributes to an op's signature: layout for a tensor, type for a number."""
+    """What an operand contributes to an op's signature: its layout number for a tensor (tensor.layout_of),
+    its type for a number."""
     if type(x) is _tensor.Tensor:
-        return x.dtype, x._shape, x._stride, x.device.index  # index is None for the CPU
+        return x._layout or layout_of(x)
     return type(x)
 
 
@@ -66,9 +68,9 @@ def binary(name, a, b, out=None, alpha=1, comparison=False):
     operator, which answers NotImplemented for an operand that is neither a tensor nor a number."""
     if alpha == 1:
         Tensor = _tensor.Tensor  # the signature, as _key builds it, inline: this is the hottest path
-        key = (name, (a.dtype, a._shape, a._stride, a.device.index) if type(a) is Tensor else type(a),
-               (b.dtype, b._shape, b._stride, b.device.index) if type(b) is Tensor else type(b),
-               None if out is None else (out.dtype, out._shape, out._stride, out.device.index))
+        key = (name, (a._layout or layout_of(a)) if type(a) is Tensor else type(a),
+               (b._layout or layout_of(b)) if type(b) is Tensor else type(b),
+               None if out is None else out._layout or layout_of(out))
         run = _runs.get(key)
         if run is not None:
             return run(a, b, out)
@@ -96,9 +98,8 @@ def binary_method(name, reflected=False, comparison=False):
     def method(self, other):
         Tensor = _tensor.Tensor
         if type(self) is Tensor:
-            key_self = self.dtype, self._shape, self._stride, self.device.index
-            key_other = ((other.dtype, other._shape, other._stride, other.device.index) if type(other) is Tensor
-                         else type(other))
+            key_self = self._layout or layout_of(self)
+            key_other = (other._layout or layout_of(other)) if type(other) is Tensor else type(other)
             run = get((name, key_other, key_self, None) if reflected else (name, key_self, key_other, None))
             if run is not None:
                 return run(other, self, None) if reflected else run(self, other, None)
@@ -114,7 +115,7 @@ def unary_method(name):
 
     def method(self):
         if type(self) is _tensor.Tensor:
-            run = get((name, (self.dtype, self._shape, self._stride, self.device.index), None))
+            run = get((name, self._layout or layout_of(self), None))
             if run is not None:
                 return run(self, None)
         return unary(name, self)
@@ -130,8 +131,8 @@ def power(a, b, out=None):
 
 def unary(name, x, out=None):
     Tensor = _tensor.Tensor
-    key = (name, (x.dtype, x._shape, x._stride, x.device.index) if type(x) is Tensor else type(x),
-           None if out is None else (out.dtype, out._shape, out._stride, out.device.index))
+    key = (name, (x._layout or layout_of(x)) if type(x) is Tensor else type(x),
+           None if out is None else out._layout or layout_of(out))
     run = _runs.get(key)
     if run is not None:
         return run(x, out)
@@ -144,12 +145,10 @@ def unary(name, x, out=None):
 def where(condition, input, other, *, out=None):
     """mt.where and Tensor.where: `input` where `condition` holds, else `other`."""
     Tensor = _tensor.Tensor
-    key = ("where",
-           (condition.dtype, condition._shape, condition._stride, condition.device.index)
-           if type(condition) is Tensor else type(condition),
-           (input.dtype, input._shape, input._stride, input.device.index) if type(input) is Tensor else type(input),
-           (other.dtype, other._shape, other._stride, other.device.index) if type(other) is Tensor else type(other),
-           None if out is None else _key(out))
+    key = ("where", (condition._layout or layout_of(condition)) if type(condition) is Tensor else type(condition),
+           (input._layout or layout_of(input)) if type(input) is Tensor else type(input),
+           (other._layout or layout_of(other)) if type(other) is Tensor else type(other),
+           None if out is None else out._layout or layout_of(out))
     run = _runs.get(key)
     if run is not None:
         return run(condition, input, other, out)
@@ -333,11 +332,12 @@ def _cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out):
     index = device.index
     nbytes = math.prod(shape) * out_dtype.itemsize
     allocator = memory.allocator(index)
+    out_layout = layout_number(out_dtype, shape, out_strides, index)
     plan = None if empty else _plan(family, op, operands, on_device, shape, out_dtype, out_strides, compute, index)
 
     if not empty and all(on_device) and plan.contiguous:
         return _contiguous_run(family, plan, [x.dtype.itemsize for x in operands], nbytes, device, allocator, shape,
-                               out_strides, out_dtype)
+                               out_strides, out_dtype, out_layout)
 
     def scalar(x):
         if x is None:  # an absent clamp bound
@@ -351,7 +351,7 @@ def _cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out):
         stream = current_stream_handle(index)
         if out is None:
             out = Tensor(UntypedStorage._allocate(nbytes, device, allocator, stream), shape, out_strides, 0,
-                         out_dtype)
+                         out_dtype, out_layout)
         if not empty:
             pointers = [x.data_ptr() if dev else 0 for x, dev in zip(xs, on_device)]
             pointers.append(out.data_ptr())
@@ -361,7 +361,7 @@ def _cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out):
     return run
 
 
-def _contiguous_run(family, plan, itemsizes, nbytes, device, allocator, shape, out_strides, out_dtype):
+def _contiguous_run(family, plan, itemsizes, nbytes, device, allocator, shape, out_strides, out_dtype, out_layout):
     """The hottest paths: contiguous device tensors, into `out` or a new output, one closure per arity with
     the launch inline (a misaligned pointer takes the plan's general run)."""
     Tensor = _tensor.Tensor
@@ -377,10 +377,13 @@ def _contiguous_run(family, plan, itemsizes, nbytes, device, allocator, shape, o
         def run_unary(x, out):
             handles = _streams_tls.handles
             stream = 0 if handles is None else handles[index]
-            if out is None:
-                out = Tensor(new_storage(nbytes, device, allocator, stream), shape, out_strides, 0, out_dtype)
             px = x._storage._block.ptr + x._offset * x_size
-            po = out._storage._block.ptr + out._offset * o_size
+            if out is None:
+                storage = new_storage(nbytes, device, allocator, stream)
+                out = Tensor(storage, shape, out_strides, 0, out_dtype, out_layout)
+                po = storage._block.ptr
+            else:
+                po = out._storage._block.ptr + out._offset * o_size
             if (px | po) & 15:
                 plan_run(stream, (px, po), ())
             else:
@@ -394,11 +397,14 @@ def _contiguous_run(family, plan, itemsizes, nbytes, device, allocator, shape, o
         def run_binary(a, b, out):
             handles = _streams_tls.handles
             stream = 0 if handles is None else handles[index]
-            if out is None:
-                out = Tensor(new_storage(nbytes, device, allocator, stream), shape, out_strides, 0, out_dtype)
             pa = a._storage._block.ptr + a._offset * a_size
             pb = b._storage._block.ptr + b._offset * b_size
-            po = out._storage._block.ptr + out._offset * o_size
+            if out is None:
+                storage = new_storage(nbytes, device, allocator, stream)
+                out = Tensor(storage, shape, out_strides, 0, out_dtype, out_layout)
+                po = storage._block.ptr
+            else:
+                po = out._storage._block.ptr + out._offset * o_size
             if (pa | pb | po) & 15:
                 plan_run(stream, (pa, pb, po), (0, 0))
             else:
@@ -411,12 +417,15 @@ def _contiguous_run(family, plan, itemsizes, nbytes, device, allocator, shape, o
     def run_ternary(a, b, c, out):
         handles = _streams_tls.handles
         stream = 0 if handles is None else handles[index]
-        if out is None:
-            out = Tensor(new_storage(nbytes, device, allocator, stream), shape, out_strides, 0, out_dtype)
         pa = a._storage._block.ptr + a._offset * a_size
         pb = b._storage._block.ptr + b._offset * b_size
         pc = c._storage._block.ptr + c._offset * c_size
-        po = out._storage._block.ptr + out._offset * o_size
+        if out is None:
+            storage = new_storage(nbytes, device, allocator, stream)
+            out = Tensor(storage, shape, out_strides, 0, out_dtype, out_layout)
+            po = storage._block.ptr
+        else:
+            po = out._storage._block.ptr + out._offset * o_size
         if (pa | pb | pc | po) & 15:
             plan_run(stream, (pa, pb, pc, po), (0, 0, 0))
         else:

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import dtypes
 from .device import CPU, as_device, device as Device
+from .layout import layout_of
 
 _DEFAULT_SEED = 67280421310721
 _INT64_MIN = -(2**63)
@@ -167,7 +168,7 @@ def _filler(t, plan_of, cpu_values):
 
 def _run(op, t):
     """The checked-once closure of `op` for tensors laid out as t."""
-    key = (op, t.dtype, t._shape, t._stride, t.device.index)
+    key = (op, t._layout or layout_of(t))
     run = _runs.get(key)
     if run is None:
         run = _runs[key] = _BUILDERS[op](t)
@@ -206,10 +207,11 @@ def _factory(op, size, dtype, device):
         return lambda a, b: run(Tensor._empty(shape, dtype, device), a, b)
     index, strides, nbytes = device.index, contiguous_strides(shape), template.nbytes
     allocator, allocate = memory.allocator(index), UntypedStorage._allocate
+    layout = layout_of(template)
 
     def make(a, b):
         storage = allocate(nbytes, device, allocator, current_stream_handle(index))
-        return run(Tensor(storage, shape, strides, 0, dtype), a, b)
+        return run(Tensor(storage, shape, strides, 0, dtype, layout), a, b)
     return make
 
 

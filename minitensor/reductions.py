@@ -17,6 +17,7 @@ from . import tensor as _tensor
 from .cuda import memory
 from .cuda.streams import current_stream_handle
 from .device import CPU
+from .layout import layout_number, layout_of
 from .ops import broadcast_shapes, numpy_values, numpy_view, to_storage_values
 from .storage import UntypedStorage
 
@@ -51,7 +52,7 @@ class return_types:
 # ---------------------------------------------------------------------------------------------- public API
 def sum(input, dim=None, keepdim=False, *, dtype=None):
     try:  # the fast path: this signature was checked before (a miss, a list dim or a non-tensor: the slow path)
-        run = _runs[("sum", dim, keepdim, dtype, input.dtype, input._shape, input._stride, input.device.index)]
+        run = _runs[("sum", dim, keepdim, dtype, input._layout or layout_of(input))]
     except (KeyError, TypeError, AttributeError):
         return _reduce("sum", input, dim, keepdim, dtype)
     return run(input)
@@ -92,7 +93,7 @@ def _reduce(name, x, dim, keepdim, dtype):
     if type(dim) is list:
         dim = tuple(dim)
     try:
-        key = (name, dim, keepdim, dtype, x.dtype, x._shape, x._stride, x.device.index)
+        key = (name, dim, keepdim, dtype, x._layout or layout_of(x))
         run = _runs.get(key)
     except (AttributeError, TypeError):  # not a tensor, or an unhashable dim: the checks say which
         key, run = None, None
@@ -218,6 +219,7 @@ def _cuda_run(name, x, dims, arg, in_dtype, out_dtype, out_shape):
                                  frozenset(range(len(shape) - len(dims), len(shape))), index, arg,
                                  name in ("all", "any"), name == "mean")
     out_strides = _tensor.contiguous_strides(out_shape)
+    out_layout = layout_number(out_dtype, out_shape, out_strides, index)
     out_bytes = math.prod(out_shape) * out_dtype.itemsize
     idx_bytes = math.prod(out_shape) * 8 if arg else 0
     scratch_bytes = plan.scratch_bytes
@@ -239,7 +241,7 @@ def _cuda_run(name, x, dims, arg, in_dtype, out_dtype, out_shape):
                 launch(stream, ptr, out._block.ptr, 0, 0)
             else:
                 kernel(grid_x, grid_y, 1, stream, ptr, 0, out._block.ptr, 0, *tail)
-            return Tensor(out, out_shape, out_strides, 0, out_dtype)
+            return Tensor(out, out_shape, out_strides, 0, out_dtype, out_layout)
         return run_direct
 
     def run(x):
@@ -254,7 +256,7 @@ def _cuda_run(name, x, dims, arg, in_dtype, out_dtype, out_shape):
             scratch = UntypedStorage._allocate(scratch_bytes, device, allocator, stream) if scratch_bytes else None
             launch(stream, x._storage._block.ptr + x._offset * x.dtype.itemsize, out._block.ptr,
                    idx._block.ptr if arg else 0, scratch._block.ptr if scratch_bytes else 0)
-        values = Tensor(out, out_shape, out_strides, 0, out_dtype)
+        values = Tensor(out, out_shape, out_strides, 0, out_dtype, out_layout)
         if not arg:
             return values
         return result_type(values, Tensor(idx, out_shape, out_strides, 0, dtypes.int64))

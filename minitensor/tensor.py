@@ -86,15 +86,17 @@ def _shape_arg(size):
 
 
 class Tensor:
-    __slots__ = ("_storage", "_shape", "_stride", "_offset", "dtype", "device", "__weakref__")
+    __slots__ = ("_storage", "_shape", "_stride", "_offset", "dtype", "device", "_layout", "__weakref__")
 
-    def __init__(self, storage, shape, stride, offset, dtype):
+    def __init__(self, storage, shape, stride, offset, dtype, layout=None):
+        """`layout`: the layout number (layout_number), when the caller already has it (op outputs)."""
         self._storage = storage
         self._shape = shape
         self._stride = stride
         self._offset = offset
         self.dtype = dtype
         self.device = storage.device
+        self._layout = layout
 
     @classmethod
     def _empty(cls, shape, dtype, device):
