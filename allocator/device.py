@@ -26,7 +26,9 @@ its search and merge:
   lock completes the queued frees as torch does, in order, except in the common case of one queued block
   (the "victim") and an allocation of its size on its stream that torch's policy would serve with this
   very block (see `_reuse_kind`): it is handed out again with the net statistics of the free and the
-  allocation. Every reader of state (stats, snapshot) completes the queue first.
+  allocation. When the next call frees and asks for the same block again with nothing in between (every
+  op's loop), it repeats that step exactly, so only a count of the repeats is kept until something reads
+  or changes the statistics. Every reader of state (stats, snapshot) completes the queue first.
 """
 import collections
 import threading
@@ -59,6 +61,9 @@ class DeviceCachingAllocator(StatsReset):
         self._events = {}  # stream -> deque of (event, block): record_stream uses not yet known complete
         self._spare_events = []  # completed events, recorded again rather than created
         self._freed = collections.deque()  # blocks freed, their frees not yet completed (see the docstring)
+        self._repeat_victim = None  # the victim last handed out again, while nothing else happened since
+        self._repeats = 0  # its hand-outs since then, their statistics not yet added (_end_repeats)
+        self._repeat_increments = None
         self.stats = DeviceStats()
         self._limit = None  # bytes the segments may total (memory fraction); None: the whole device
         self._fraction = 1.0
@@ -99,39 +104,18 @@ class DeviceCachingAllocator(StatsReset):
             if freed:
                 victim = freed[0]
                 if len(freed) == 1 and victim.size == size and victim.stream == stream:
-                    free_list = victim.free_list
-                    if victim.reuse_version != free_list.version:
-                        victim.reuse_kind = self._reuse_kind(victim)
-                        victim.reuse_version = free_list.version
-                    kind = victim.reuse_kind
-                    if kind is not None:  # count the free and the allocation in one step
+                    if victim is self._repeat_victim and nbytes == victim.requested:
+                        # nothing happened since the last call handed out this block but its free: this call
+                        # repeats that one, statistics included (_end_repeats adds them up)
                         freed.popleft()
-                        p = free_list.stats
-                        if kind is _REJOIN:  # the free grows the split block above by `size`, the take undoes it
-                            p.inactive_split_bytes_inc += size
-                            b = p.inactive_split_bytes + size
-                            if b > p.inactive_split_bytes_peak:
-                                p.inactive_split_bytes_peak = b
-                            b += free_list.other_stats.inactive_split_bytes
-                            if b > free_list.all_peaks.inactive_split_bytes_peak:
-                                free_list.all_peaks.inactive_split_bytes_peak = b
-                        elif kind is _REJOIN_WHOLE:  # the free unsplits the segment, the take splits it again
-                            p.inactive_split_inc += 1
-                            p.inactive_split_bytes_inc += victim.next.size
-                        elif kind is _ALONE:  # the free makes it a free split block, the take undoes it
-                            p.inactive_split_inc += 1
-                            p.inactive_split_bytes_inc += size
-                            self._split_peaks(p, 1, size)
-                        p.allocation_inc += 1
-                        p.allocated_bytes_inc += size
-                        p.requested_bytes_inc += nbytes
-                        if nbytes != victim.requested:
-                            self._count_requested(victim, nbytes)
-                        if size >= self._max_split:
-                            self.stats.oversize_allocations.inc += 1
+                        self._repeats += 1
                         victim.state = ALLOCATED
                         return victim
+                    if self._take_victim(victim, size, nbytes):
+                        return victim
                 self._settle()
+            elif self._repeat_victim is not None:
+                self._end_repeats()
             if self._plain:
                 free_list = (self._small if size <= SMALL_SIZE else self._large).get(stream)
                 if free_list is not None:
@@ -216,10 +200,63 @@ class DeviceCachingAllocator(StatsReset):
 
     # ------------------------------------------------------------------ the victim shortcut
     def _settle(self):
-        """Complete the queued frees, in order, as torch does (lock held)."""
+        """Complete the queued frees, in order, as torch does, and count the repeated hand-outs (lock held)."""
+        if self._repeat_victim is not None:
+            self._end_repeats()
         freed = self._freed
         for _ in range(len(freed)):
             self._free(freed.popleft())
+
+    def _take_victim(self, victim, size, nbytes):
+        """Hand out the one queued block (the victim) again if torch's free of it followed by this allocation
+        would (see _reuse_kind), counting both in one step, and make it the block whose repeats alloc
+        counts. False, with nothing changed, when torch would hand out another block."""
+        free_list = victim.free_list
+        if victim.reuse_version != free_list.version:
+            victim.reuse_kind = self._reuse_kind(victim)
+            victim.reuse_version = free_list.version
+        kind = victim.reuse_kind
+        if kind is None:
+            return False
+        self._freed.popleft()
+        p = free_list.stats
+        split = split_bytes = 0  # what the free and the take add to the inactive splits' increases
+        if kind is _REJOIN:  # the free grows the split block above by `size`, the take undoes it
+            split_bytes = size
+            b = p.inactive_split_bytes + size
+            if b > p.inactive_split_bytes_peak:
+                p.inactive_split_bytes_peak = b
+            b += free_list.other_stats.inactive_split_bytes
+            if b > free_list.all_peaks.inactive_split_bytes_peak:
+                free_list.all_peaks.inactive_split_bytes_peak = b
+        elif kind is _REJOIN_WHOLE:  # the free unsplits the segment, the take splits it again
+            split, split_bytes = 1, victim.next.size
+        elif kind is _ALONE:  # the free makes it a free split block, the take undoes it
+            split, split_bytes = 1, size
+            self._split_peaks(p, 1, size)
+        if nbytes != victim.requested:
+            self._count_requested(victim, nbytes)
+        if self._repeat_victim is not None:
+            self._end_repeats()
+        self._repeat_victim, self._repeats = victim, 1
+        self._repeat_increments = (p, split, split_bytes, size, nbytes, size >= self._max_split)
+        victim.state = ALLOCATED
+        return True
+
+    def _end_repeats(self):
+        """Add the increases of the victim's hand-outs since _take_victim to the statistics: each repeat
+        adds what the first did (current values and peaks end where they were), so they are added up only
+        here, before anything reads or changes the statistics."""
+        n = self._repeats
+        p, split, split_bytes, size, nbytes, oversize = self._repeat_increments
+        p.inactive_split_inc += n * split
+        p.inactive_split_bytes_inc += n * split_bytes
+        p.allocation_inc += n
+        p.allocated_bytes_inc += n * size
+        p.requested_bytes_inc += n * nbytes
+        if oversize:
+            self.stats.oversize_allocations.inc += n
+        self._repeat_victim, self._repeats = None, 0
 
     def _count_requested(self, victim, nbytes):
         """A victim handed out again for another number of bytes than before."""

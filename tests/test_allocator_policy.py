@@ -832,6 +832,15 @@ class AllocatorMachine(RuleBasedStateMachine):
                 self._alloc(nbytes, freed_stream)
 
     @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 1 << 20), times=st.integers(2, 6))
+    def free_alloc_repeatedly(self, i, times):
+        """Every op's hot loop: one block freed and allocated again several times, nothing in between (the
+        allocator counts the repeats' statistics only when something reads them)."""
+        for _ in range(times):
+            self._alloc(*self._free(i))
+            i = -1  # the block just allocated again: _alloc appends it
+
+    @precondition(lambda self: self.live)
     @rule(data=st.data(), stream=STREAMS)
     def record_stream(self, data, stream):
         block = self.live[data.draw(st.integers(0, len(self.live) - 1))][0]
