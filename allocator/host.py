@@ -95,7 +95,9 @@ class HostCachingAllocator(StatsReset):
                 raise ValueError(f"cannot allocate {nbytes} bytes of pinned memory: expected a size >= 0")
             return self.null
         size = 1 << (nbytes - 1).bit_length()
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: this is the hot path, and acquire/try/finally costs half as much
+        try:
             freed = self._freed
             if freed:
                 block = freed[0]
@@ -117,6 +119,8 @@ class HostCachingAllocator(StatsReset):
                 block = bin_.pop()
                 self._count_taken(size)
                 return block
+        finally:
+            lock.release()
         block, us = self._new_block(size)  # without the lock: the driver takes a millisecond or more
         with self._lock:
             stats = self.stats
@@ -134,8 +138,9 @@ class HostCachingAllocator(StatsReset):
         back only when that array dies, so the memory under a live view is never handed out again."""
         if not block.size:
             return
-        if _array_refs(block) > _OWNED_REFS:
-            array, block.array = block.array, None
+        array = block.array
+        if array is not None and sys.getrefcount(array) > _OWNED_REFS:
+            block.array = None
             weakref.finalize(array, self.free, block)
             return
         if block.streams:
@@ -305,19 +310,14 @@ class HostCachingAllocator(StatsReset):
             block.mapping.close()
 
 
-def _array_refs(block):
-    """getrefcount of the block's array as seen from here, 0 without one."""
-    array = block.array
-    return sys.getrefcount(array) if array is not None else 0
-
-
 def _owned_refs():
-    """_array_refs of a block whose array only the block and its storage hold (the count getrefcount gives
-    differs between Python versions, so it is measured)."""
+    """sys.getrefcount, as `free` takes it, of a block's array that only the block and its storage hold (the
+    count differs between Python versions, so it is measured)."""
     block = HostBlock(0, 0, None)
     storage = [np.empty(1)]  # holds the array as a storage does
     block.array = storage[0]
-    return _array_refs(block)
+    array = block.array
+    return sys.getrefcount(array)
 
 
 _OWNED_REFS = _owned_refs()

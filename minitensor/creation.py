@@ -9,6 +9,9 @@ from . import dtypes, random
 from .device import CPU, as_device
 from .interop import foreign_tensor
 from .ops import to_storage_values
+from .cuda import memory
+from .cuda.streams import _tls as _streams_tls
+from .layout import layout_number
 from .storage import UntypedStorage
 from .tensor import Tensor, _shape_arg, contiguous_strides
 
@@ -44,18 +47,6 @@ def _infer_dtype(array):
 def _pinned(t, pin_memory):
     """`t` itself, or with pin_memory=True a pinned copy of it (CPU only, as in torch)."""
     return t.pin_memory() if pin_memory else t
-
-
-def _new(shape, dtype, device, pin_memory):
-    if pin_memory:
-        return _new_pinned(shape, dtype, device)
-    return Tensor._empty(shape, dtype, _device(device))
-
-
-def _new_pinned(shape, dtype, device):
-    if device is not None and as_device(device).type != "cpu":
-        raise RuntimeError(f"Only dense CPU tensors can be pinned (pin_memory=True with device {device})")
-    return Tensor._empty_pinned(shape, dtype)
 
 
 def tensor(data, dtype=None, device=None, pin_memory=False, requires_grad=False):
@@ -102,17 +93,48 @@ def _items(x):
     return x.item() if isinstance(x, (Tensor, np.generic)) else x
 
 
+_empty_makers = {}  # (size, dtype, device index, pin_memory) -> make() -> a new tensor of that kind
+
+
 def empty(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
-    shape = size if len(size) == 1 and type(size[0]) is int else _shape_arg(size)  # empty(n): the hot path
+    """Uninitialised memory; a microbenchmark's favourite, so what a call needs besides the allocation is
+    worked out once per (size, dtype, device, pin_memory) and kept in a `make` function."""
+    dtype = dtype or dtypes.default_float
+    device = CPU if device is None else as_device(device)
+    key = (size, dtype, device.index, pin_memory)  # a device's index says which one it is (None: the CPU)
+    try:
+        make = _empty_makers.get(key)
+    except TypeError:  # a list size: unhashable, no memo
+        return _empty_maker(size, dtype, device, pin_memory)()
+    if make is None:
+        make = _empty_makers[key] = _empty_maker(size, dtype, device, pin_memory)
+    return make()
+
+
+def _empty_maker(size, dtype, device, pin_memory):
+    shape = _shape_arg(size)
+    nbytes, strides = math.prod(shape) * dtype.itemsize, contiguous_strides(shape)
+    layout = layout_number(dtype, shape, strides, device.index)
     if pin_memory:
-        return _new_pinned(shape, dtype or dtypes.default_float, device)
-    return Tensor._empty(shape, dtype or dtypes.default_float, CPU if device is None else as_device(device))
+        if device.type != "cpu":
+            raise RuntimeError(f"Only dense CPU tensors can be pinned (pin_memory=True with device {device})")
+        pinned = UntypedStorage._pinned
+        return lambda: Tensor(pinned(nbytes), shape, strides, 0, dtype, layout)
+    if device.type == "cpu":
+        return lambda: Tensor(UntypedStorage(nbytes), shape, strides, 0, dtype, layout)
+    index, allocator, allocate = device.index, memory.allocator(device.index), UntypedStorage._allocate
+
+    def make():
+        handles = _streams_tls.handles  # current_stream_handle(index), inline
+        storage = allocate(nbytes, device, allocator, 0 if handles is None else handles[index])
+        return Tensor(storage, shape, strides, 0, dtype, layout)
+    return make
 
 
 def full(size, fill_value, dtype=None, device=None, pin_memory=False, requires_grad=False):
     if dtype is None:
         dtype = dtypes.result_type(fill_value)
-    t = _new(_shape_arg((size,)), dtype, device, pin_memory)
+    t = empty(_shape_arg((size,)), dtype=dtype, device=device, pin_memory=pin_memory)
     return t.fill_(fill_value)
 
 
