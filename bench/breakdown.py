@@ -19,51 +19,57 @@ def per_call_us(fn, n=20000, repeat=5):
 
 def main():
     import minitensor as mt
-    from minitensor import ops, pointwise
+    from minitensor import pointwise
     from minitensor.cuda.streams import current_stream_handle
+    from minitensor.kernels import launcher, plans
     from minitensor.storage import UntypedStorage
-    a = mt.ones(1024, device="cuda")
-    b = mt.ones(1024, device="cuda")
+    from minitensor.tensor import Tensor
+    a = mt.rand(1024, device="cuda")
+    b = mt.rand(1024, device="cuda")
     c = mt.empty(1024, device="cuda")
-    a + b
-    mt.add(a, b, out=c)
-    mt.cuda.synchronize()
-    plan = ops.plans().binary_plan(0, mt.float32, mt.float32, mt.float32, (1024,), (1,), (1,), (1,), mt.float32, 0)
-    pa, pb, pc = a.data_ptr(), b.data_ptr(), c.data_ptr()
     stream = current_stream_handle(0)
     allocator = mt.cuda.memory.allocator(0)
     dev = a.device
-    from minitensor.backends import active_driver
-    from minitensor.kernels import launcher
-    import ctypes
-    cur = ctypes.c_void_p()
-    ctypes.CDLL("libcuda.so.1").cuCtxGetCurrent(ctypes.byref(cur))
-    print("current ctx", cur.value, "primary ctx", int(active_driver()._contexts[0]))
-    fast = [v for k, v in launcher._compiled.items() if k[0] == "elementwise.binary_contiguous"]
-    spin = launcher.get("timing._spin_for", 0, ("i64",), ())
-    rows = [
-        ("Launcher direct", lambda: fast[-1](1, 1, 1, stream, pa, pb, pc, 0, 0, 1024)),
-        ("Launcher spin(0)", lambda: spin(1, 1, 1, stream, 0)),
-        ("mt a + b", lambda: a + b),
-        ("mt add(out=)", lambda: mt.add(a, b, out=c)),
-        ("mt plan.run (launch only)", lambda: plan.run(stream, (pa, pb, pc), (0, 0))),
-        ("mt current_stream_handle", lambda: current_stream_handle(0)),
-        ("mt storage alloc+free", lambda: UntypedStorage._allocate(4096, dev, allocator, stream)),
-        ("mt empty(1024)+del", lambda: mt.empty(1024, device="cuda")),
-        ("mt binary key lookup", lambda: pointwise._runs.get(("add", pointwise._key(a), pointwise._key(b), None))),
-    ]
+    storage = c.untyped_storage()
+    ops = [("a + b", lambda: a + b), ("a < b", lambda: a < b), ("a.exp()", lambda: a.exp()),
+           ("add(out=)", lambda: mt.add(a, b, out=c))]
+    for _, fn in ops:
+        fn()
+    mt.cuda.synchronize()
+    add_launch = next(v for k, v in launcher._compiled.items() if k[0] == "elementwise.binary_contiguous")
+    pa, pb, pc = a.data_ptr(), b.data_ptr(), c.data_ptr()
+    rows = [("launch of the add kernel", lambda: add_launch(1, 1, 1, stream, pa, pb, pc, 0, 0, 1024)),
+            *ops,
+            ("allocator alloc+free 4 KiB", lambda: allocator.free(allocator.alloc(4096, stream))),
+            ("storage alloc+free 4 KiB", lambda: UntypedStorage._allocate(4096, dev, allocator, stream)),
+            ("Tensor(storage, ...)+del", lambda: Tensor(storage, (1024,), (1,), 0, mt.float32)),
+            ("empty(1024)+del", lambda: mt.empty(1024, device="cuda")),
+            ("current_stream_handle", lambda: current_stream_handle(0))]
     try:
         import torch
         ta = torch.ones(1024, device="cuda")
         tb = torch.ones(1024, device="cuda")
         tc = torch.empty(1024, device="cuda")
-        rows += [("torch _sleep(0)", lambda: torch.cuda._sleep(0)), ("torch a + b", lambda: ta + tb), ("torch add(out=)", lambda: torch.add(ta, tb, out=tc)),
+        rows += [("torch a + b", lambda: ta + tb), ("torch a < b", lambda: ta < tb),
+                 ("torch add(out=)", lambda: torch.add(ta, tb, out=tc)),
                  ("torch empty(1024)+del", lambda: torch.empty(1024, device="cuda"))]
     except ImportError:
         pass
     for name, fn in rows:
         print(f"{name:30s} {per_call_us(fn):7.2f} us")
         mt.cuda.synchronize()
+    # The same ops with every kernel launch replaced by a Python no-op: the host time that is minitensor's own.
+    noop = lambda *args: None  # noqa: E731
+    for key in launcher._compiled:
+        launcher._compiled[key] = noop
+    for plan in (plans.binary_plan, plans.unary_plan, plans.ternary_plan):
+        plan.cache_clear()
+    pointwise._runs.clear()
+    for name, fn in [("no-op call", lambda: noop(1, 1, 1, 0, 1, 2, 3, 0, 0, 1024)), *ops]:
+        fn()
+        print(f"{name + ' (no-op launch)':30s} {per_call_us(fn):7.2f} us")
+    pointwise._runs.clear()
+    launcher._compiled.clear()
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(20000):

@@ -1,6 +1,6 @@
-"""minitensor's C extensions (the kernel launcher `_launch.c`; DLPack's capsule destructor), each built once per
-source and Python version with the system C compiler (Triton needs one too, for its own launcher) and loaded
-from the disk cache after that."""
+"""minitensor's C extensions (the kernel launcher `_launch.c`; the tensor and storage fields; DLPack's capsule
+destructor), each built once per source and Python version with the system C compiler (Triton needs one too,
+for its own launcher) and loaded from the disk cache after that."""
 import hashlib
 import importlib.util
 import os

@@ -5,7 +5,7 @@ import numbers
 
 import numpy as np
 
-from . import dtypes, random
+from . import dtypes, fields, random
 from .device import CPU, as_device
 from .interop import foreign_tensor
 from .ops import to_storage_values
@@ -118,16 +118,17 @@ def _empty_maker(size, dtype, device, pin_memory):
     if pin_memory:
         if device.type != "cpu":
             raise RuntimeError(f"Only dense CPU tensors can be pinned (pin_memory=True with device {device})")
-        pinned = UntypedStorage._pinned
-        return lambda: Tensor(pinned(nbytes), shape, strides, 0, dtype, layout)
+        pinned, new_tensor = UntypedStorage._pinned, fields.tensor
+        return lambda: new_tensor(pinned(nbytes), shape, strides, 0, dtype, layout)
     if device.type == "cpu":
         return lambda: Tensor(UntypedStorage(nbytes), shape, strides, 0, dtype, layout)
-    index, allocator, allocate = device.index, memory.allocator(device.index), UntypedStorage._allocate
+    index, allocator = device.index, memory.allocator(device.index)
+    allocate, new_tensor = fields.allocate, fields.tensor
 
     def make():
         handles = _streams_tls.handles  # current_stream_handle(index), inline
         storage = allocate(nbytes, device, allocator, 0 if handles is None else handles[index])
-        return Tensor(storage, shape, strides, 0, dtype, layout)
+        return new_tensor(storage, shape, strides, 0, dtype, layout)
     return make
 
 

@@ -21,6 +21,7 @@ import threading
 
 import numpy as np
 
+from . import fields
 from . import tensor as _tensor
 from .backends import active_driver
 from .cuda import memory
@@ -210,7 +211,7 @@ def _cuda_run(op, input, index, dim, out_shape, kernel_shape, index_strides, bas
                                    size, dim_stride, info, d)
     err = ctypes.addressof(_record(d))
     in_size, index_size = dtype.itemsize, index.dtype.itemsize
-    plan_run, new_storage = plan.run, UntypedStorage._allocate
+    plan_run, new_storage, new_tensor = plan.run, UntypedStorage._allocate, fields.tensor
     wait = active_driver().interprets_kernels
 
     def run(input, index):
@@ -220,7 +221,7 @@ def _cuda_run(op, input, index, dim, out_shape, kernel_shape, index_strides, bas
                  index._storage._block.ptr + index._offset * index_size, storage._block.ptr, err)
         if wait:
             _raise_now(d, stream)
-        return Tensor(storage, out_shape, out_strides, 0, dtype, out_layout)
+        return new_tensor(storage, out_shape, out_strides, 0, dtype, out_layout)
     if wait or plan.fast is None:
         return run
     launch, grid, (n, size, dim_stride, base_stride, info) = plan.fast
@@ -237,7 +238,7 @@ def _cuda_run(op, input, index, dim, out_shape, kernel_shape, index_strides, bas
             plan_run(stream, data_ptr, index_ptr, out_ptr, err)
         else:
             launch(grid, 1, 1, stream, data_ptr, index_ptr, out_ptr, err, n, size, dim_stride, base_stride, info)
-        return Tensor(storage, out_shape, out_strides, 0, dtype, out_layout)
+        return new_tensor(storage, out_shape, out_strides, 0, dtype, out_layout)
     return run_contiguous
 
 

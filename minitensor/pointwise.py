@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, fields
 from . import tensor as _tensor
 from .cuda import memory
 from .cuda.streams import _tls as _streams_tls, current_stream_handle
@@ -364,11 +364,10 @@ def _cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out):
 def _contiguous_run(family, plan, itemsizes, nbytes, device, allocator, shape, out_strides, out_dtype, out_layout):
     """The hottest paths: contiguous device tensors, into `out` or a new output, one closure per arity with
     the launch inline (a misaligned pointer takes the plan's general run)."""
-    Tensor = _tensor.Tensor
     launch, grid, n = plan.contiguous
     plan_run = plan.run
     index = device.index
-    new_storage = UntypedStorage._allocate
+    new_storage, new_tensor = UntypedStorage._allocate, fields.tensor
     o_size = out_dtype.itemsize
 
     if family == "unary":
@@ -380,7 +379,7 @@ def _contiguous_run(family, plan, itemsizes, nbytes, device, allocator, shape, o
             px = x._storage._block.ptr + x._offset * x_size
             if out is None:
                 storage = new_storage(nbytes, device, allocator, stream)
-                out = Tensor(storage, shape, out_strides, 0, out_dtype, out_layout)
+                out = new_tensor(storage, shape, out_strides, 0, out_dtype, out_layout)
                 po = storage._block.ptr
             else:
                 po = out._storage._block.ptr + out._offset * o_size
@@ -401,7 +400,7 @@ def _contiguous_run(family, plan, itemsizes, nbytes, device, allocator, shape, o
             pb = b._storage._block.ptr + b._offset * b_size
             if out is None:
                 storage = new_storage(nbytes, device, allocator, stream)
-                out = Tensor(storage, shape, out_strides, 0, out_dtype, out_layout)
+                out = new_tensor(storage, shape, out_strides, 0, out_dtype, out_layout)
                 po = storage._block.ptr
             else:
                 po = out._storage._block.ptr + out._offset * o_size
@@ -422,7 +421,7 @@ def _contiguous_run(family, plan, itemsizes, nbytes, device, allocator, shape, o
         pc = c._storage._block.ptr + c._offset * c_size
         if out is None:
             storage = new_storage(nbytes, device, allocator, stream)
-            out = Tensor(storage, shape, out_strides, 0, out_dtype, out_layout)
+            out = new_tensor(storage, shape, out_strides, 0, out_dtype, out_layout)
             po = storage._block.ptr
         else:
             po = out._storage._block.ptr + out._offset * o_size

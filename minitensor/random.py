@@ -22,7 +22,7 @@ import warnings
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, fields
 from .device import CPU, as_device, device as Device
 from .layout import layout_of
 
@@ -206,12 +206,12 @@ def _factory(op, size, dtype, device):
     if device.type == "cpu" or template.numel() == 0:
         return lambda a, b: run(Tensor._empty(shape, dtype, device), a, b)
     index, strides, nbytes = device.index, contiguous_strides(shape), template.nbytes
-    allocator, allocate = memory.allocator(index), UntypedStorage._allocate
+    allocator, allocate, new_tensor = memory.allocator(index), UntypedStorage._allocate, fields.tensor
     layout = layout_of(template)
 
     def make(a, b):
         storage = allocate(nbytes, device, allocator, current_stream_handle(index))
-        return run(Tensor(storage, shape, strides, 0, dtype, layout), a, b)
+        return run(new_tensor(storage, shape, strides, 0, dtype, layout), a, b)
     return make
 
 

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, fields
 from . import tensor as _tensor
 from .cuda import memory
 from .cuda.streams import current_stream_handle
@@ -229,7 +229,7 @@ def _cuda_run(name, x, dims, arg, in_dtype, out_dtype, out_shape):
     itemsize = x.dtype.itemsize
 
     if not (cast or arg or scratch_bytes) and order is None and launch is not None:
-        allocate = UntypedStorage._allocate
+        allocate, new_tensor = UntypedStorage._allocate, fields.tensor
         kernel, grid_x, grid_y, tail = plan.single
 
         def run_direct(x):
@@ -241,7 +241,7 @@ def _cuda_run(name, x, dims, arg, in_dtype, out_dtype, out_shape):
                 launch(stream, ptr, out._block.ptr, 0, 0)
             else:
                 kernel(grid_x, grid_y, 1, stream, ptr, 0, out._block.ptr, 0, *tail)
-            return Tensor(out, out_shape, out_strides, 0, out_dtype, out_layout)
+            return new_tensor(out, out_shape, out_strides, 0, out_dtype, out_layout)
         return run_direct
 
     def run(x):

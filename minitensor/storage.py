@@ -13,10 +13,14 @@ import numpy as np
 from .cuda import host_memory, memory
 from .cuda.streams import current_stream_handle
 from .device import CPU, as_device
+from .fields import StorageFields, allocate, storage as new_storage
 
 
-class UntypedStorage:
-    __slots__ = ("device", "_nbytes", "_array", "_block", "_allocator", "_owner", "__weakref__")
+class UntypedStorage(StorageFields):
+    """The fields (device, _nbytes, _array, _block, _allocator, _owner) and giving the block back to its
+    allocator are StorageFields' (fields.py)."""
+
+    __slots__ = ()
 
     def __init__(self, nbytes=0, device=None):
         device = CPU if device is None else as_device(device)
@@ -31,62 +35,31 @@ class UntypedStorage:
         else:
             allocator = memory.allocator(device.index)
             self._block = allocator.alloc(nbytes, current_stream_handle(device.index))
-            self._allocator = allocator  # only once there is a block for __del__ to give back
+            self._allocator = allocator  # only once there is a block to give back (StorageFields does)
 
-    @classmethod
-    def _allocate(cls, nbytes, device, allocator, stream):
-        """A cuda storage from `allocator` (the device's) on `stream`: the per-op fast path."""
-        block = allocator.alloc(nbytes, stream)  # first: a failed allocation leaves no half-built storage
-        storage = cls.__new__(cls)
-        storage.device = device
-        storage._nbytes = nbytes
-        storage._array = None
-        storage._block = block
-        storage._allocator = allocator
-        storage._owner = None
-        return storage
+    # A cuda storage from `allocator` (the device's) on `stream`: the per-op fast path.
+    _allocate = staticmethod(allocate)  # (nbytes, device, allocator, stream)
 
-    @classmethod
-    def _pinned(cls, nbytes):
+    @staticmethod
+    def _pinned(nbytes):
         """A CPU storage in pinned memory from the host caching allocator."""
         allocator = host_memory._allocator or host_memory.allocator()
         block = allocator.alloc(nbytes)
         array = block.array  # kept on the block: a block handed out again for the same size needs no new one
         if array is None or array.size != nbytes:
             array = host_memory.host_array(block, nbytes)
-        storage = cls.__new__(cls)
-        storage.device = CPU
-        storage._nbytes = nbytes
-        storage._array = array
-        storage._block = block
-        storage._allocator = allocator
-        storage._owner = None
-        return storage
+        return new_storage(CPU, nbytes, array, block, allocator, None)
 
-    @classmethod
-    def _from_array(cls, array, owner=None):
+    @staticmethod
+    def _from_array(array, owner=None):
         """A CPU storage over an existing uint8 array (no copy); `owner` is kept alive with it."""
-        storage = cls.__new__(cls)
-        storage.device = CPU
-        storage._nbytes = array.nbytes
-        storage._array = array
-        storage._block = None
-        storage._allocator = None
-        storage._owner = owner
-        return storage
+        return new_storage(CPU, array.nbytes, array, None, None, owner)
 
-    @classmethod
-    def _from_external(cls, ptr, nbytes, device, owner):
+    @staticmethod
+    def _from_external(ptr, nbytes, device, owner):
         """A cuda storage over memory minitensor did not allocate (no copy): no allocator is involved, and
         `owner`, kept alive with the storage, keeps the memory valid."""
-        storage = cls.__new__(cls)
-        storage.device = device
-        storage._nbytes = nbytes
-        storage._array = None
-        storage._block = _ExternalBlock(ptr)
-        storage._allocator = None
-        storage._owner = owner
-        return storage
+        return new_storage(device, nbytes, None, _ExternalBlock(ptr), None, owner)
 
     def data_ptr(self):
         if self._array is not None:
@@ -147,13 +120,6 @@ class UntypedStorage:
         Protocol 5 passes the host bytes as a buffer, without a copy."""
         host = self.cpu()._array
         return _rebuild_storage, (pickle.PickleBuffer(host) if protocol >= 5 else host.tobytes(), str(self.device))
-
-    def __del__(self):
-        if self._allocator is not None:
-            try:
-                self._allocator.free(self._block)
-            except Exception:  # interpreter shutdown: the driver may already be gone
-                pass
 
     def __repr__(self):
         return f"minitensor.UntypedStorage(nbytes={self._nbytes}, device={self.device})"

@@ -9,13 +9,14 @@ import numbers
 
 import numpy as np
 
-from . import dtypes, ops, pointwise
+from . import dtypes, fields, ops, pointwise
 from . import indexing
 from . import random
 from . import reductions
 from .cuda import memory
 from .cuda.streams import _tls as _streams_tls
 from .device import CPU, as_device
+from .fields import TensorFields
 from .storage import UntypedStorage
 
 
@@ -85,18 +86,11 @@ def _shape_arg(size):
     return tuple(map(int, size))
 
 
-class Tensor:
-    __slots__ = ("_storage", "_shape", "_stride", "_offset", "dtype", "device", "_layout", "__weakref__")
+class Tensor(TensorFields):
+    """Tensor(storage, shape, stride, offset, dtype, layout=None): a view of `storage`; `layout` is its layout
+    number (layout.py) when the caller has it. The fields are TensorFields' (fields.py)."""
 
-    def __init__(self, storage, shape, stride, offset, dtype, layout=None):
-        """`layout`: the layout number (layout_number), when the caller already has it (op outputs)."""
-        self._storage = storage
-        self._shape = shape
-        self._stride = stride
-        self._offset = offset
-        self.dtype = dtype
-        self.device = storage.device
-        self._layout = layout
+    __slots__ = ()
 
     @classmethod
     def _empty(cls, shape, dtype, device):
@@ -677,6 +671,7 @@ def _add_pointwise_methods():
 
 
 _add_pointwise_methods()
+fields.register(Tensor, UntypedStorage)
 
 
 class Size(tuple):
