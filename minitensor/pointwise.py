@@ -15,9 +15,9 @@ from . import tensor as _tensor
 from .cuda import memory
 from .cuda.streams import _tls as _streams_tls, current_stream_handle
 from .device import CPU
+from .layout import layout_of, layout_number
 from .ops import _scalar_for, broadcast_shapes, numpy_values, numpy_view, plans, to_storage_values
 from .storage import UntypedStorage
-from .layout import layout_of, layout_number
 
 
 # name -> kernel op code (kernels/elementwise.py `_binary_op`) and numpy function
@@ -55,8 +55,8 @@ _runs = {}  # signature -> run(*operands, out) for cuda ops already checked once
 
 
 def _key(x):
-    """What an operand contributes to an op's signature: its layout number for a tensor (tensor.layout_of),
-    its type for a number."""
+    """What an operand contributes to an op's signature: its layout number for a tensor (layout.py), its
+    type for a number."""
     if type(x) is _tensor.Tensor:
         return x._layout or layout_of(x)
     return type(x)
