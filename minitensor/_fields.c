@@ -209,63 +209,58 @@ static PyTypeObject StorageFieldsType = {
     .tp_new = PyType_GenericNew,
 };
 
-/* allocate(nbytes, device, allocator, stream): a device storage of the registered class over
- * allocator.alloc(nbytes, stream). The allocation comes first: a failed one leaves no half-built storage. */
-static PyObject *allocate(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError, "allocate(nbytes, device, allocator, stream) takes 4 arguments, got %zd",
-                     nargs);
-        return NULL;
-    }
-    if (storage_class == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "minitensor.fields: no storage class registered");
-        return NULL;
-    }
-    PyObject *call[3] = {args[2], args[0], args[3]};
-    PyObject *block = PyObject_VectorcallMethod(str_alloc, call, 3, NULL);
-    if (block == NULL) return NULL;
-    StorageFields *self = (StorageFields *)storage_class->tp_alloc(storage_class, 0);
-    if (self == NULL) { /* nothing holds the block: hand it back, keeping the MemoryError */
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyObject *back[2] = {args[2], block};
-        PyObject *result = PyObject_VectorcallMethod(str_free, back, 2, NULL);
-        if (result == NULL) PyErr_Clear();
-        Py_XDECREF(result);
-        Py_DECREF(block);
-        PyErr_Restore(type, value, traceback);
-        return NULL;
-    }
-    self->device = Py_NewRef(args[1]);
-    self->nbytes = Py_NewRef(args[0]);
-    self->array = Py_NewRef(Py_None);
-    self->block = block;
-    self->allocator = Py_NewRef(args[2]);
-    self->owner = Py_NewRef(Py_None);
-    return (PyObject *)self;
-}
-
-/* storage(device, nbytes, array, block, allocator, owner): a new storage of the registered class with these
- * fields (allocator None: nothing to give back). */
-static PyObject *new_storage(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "storage(device, nbytes, array, block, allocator, owner) takes 6 arguments, "
-                                      "got %zd", nargs);
-        return NULL;
-    }
+/* A new storage of the registered class with fields device, nbytes, array, block, allocator, owner. */
+static PyObject *make_storage(PyObject *const *fields) {
     if (storage_class == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "minitensor.fields: no storage class registered");
         return NULL;
     }
     StorageFields *self = (StorageFields *)storage_class->tp_alloc(storage_class, 0);
     if (self == NULL) return NULL;
-    self->device = Py_NewRef(args[0]);
-    self->nbytes = Py_NewRef(args[1]);
-    self->array = Py_NewRef(args[2]);
-    self->block = Py_NewRef(args[3]);
-    self->allocator = Py_NewRef(args[4]);
-    self->owner = Py_NewRef(args[5]);
+    self->device = Py_NewRef(fields[0]);
+    self->nbytes = Py_NewRef(fields[1]);
+    self->array = Py_NewRef(fields[2]);
+    self->block = Py_NewRef(fields[3]);
+    self->allocator = Py_NewRef(fields[4]);
+    self->owner = Py_NewRef(fields[5]);
     return (PyObject *)self;
+}
+
+/* storage(device, nbytes, array, block, allocator, owner): a new storage with these fields (allocator None:
+ * nothing to give back). */
+static PyObject *new_storage(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "storage(device, nbytes, array, block, allocator, owner) takes 6 arguments, "
+                                      "got %zd", nargs);
+        return NULL;
+    }
+    return make_storage(args);
+}
+
+/* allocate(nbytes, device, allocator, stream): a device storage over allocator.alloc(nbytes, stream). The
+ * allocation comes first: a failed one leaves no half-built storage. */
+static PyObject *allocate(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "allocate(nbytes, device, allocator, stream) takes 4 arguments, got %zd",
+                     nargs);
+        return NULL;
+    }
+    PyObject *call[3] = {args[2], args[0], args[3]};
+    PyObject *block = PyObject_VectorcallMethod(str_alloc, call, 3, NULL);
+    if (block == NULL) return NULL;
+    PyObject *fields[6] = {args[1], args[0], Py_None, block, args[2], Py_None};
+    PyObject *storage = make_storage(fields);
+    if (storage == NULL) { /* nothing holds the block: hand it back, keeping the error */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *back[2] = {args[2], block};
+        PyObject *result = PyObject_VectorcallMethod(str_free, back, 2, NULL);
+        if (result == NULL) PyErr_Clear();
+        Py_XDECREF(result);
+        PyErr_Restore(type, value, traceback);
+    }
+    Py_DECREF(block);
+    return storage;
 }
 
 /* register(tensor_class, storage_class): the classes that tensor(), allocate() and storage() make. */

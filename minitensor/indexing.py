@@ -41,11 +41,7 @@ _select_runs = {}  # the same for index_select
 # ---------------------------------------------------------------------------------------------- public API
 def gather(input, dim, index):
     """out[i][j][k] = input[index[i][j][k]][j][k] (dim 0), with out shaped as index; torch.gather."""
-    try:
-        key = (input._layout or layout_of(input), dim, type(dim),  # type(dim): 1.0 == 1, but is no dim
-               index._layout or layout_of(index))
-    except AttributeError:  # not tensors: the checked path says which argument is wrong
-        key = None
+    key = _signature(input, dim, index)
     run = _gather_runs.get(key)
     if run is not None:
         return run(input, index)
@@ -54,15 +50,20 @@ def gather(input, dim, index):
 
 def index_select(input, dim, index):
     """The slices input[..., index[j], ...] along `dim`, for a 1-D int64 or int32 index; torch.index_select."""
-    try:
-        key = (input._layout or layout_of(input), dim, type(dim),  # type(dim): 1.0 == 1, but is no dim
-               index._layout or layout_of(index))
-    except AttributeError:
-        key = None
+    key = _signature(input, dim, index)
     run = _select_runs.get(key)
     if run is not None:
         return run(input, index)
     return _index_select_checked(input, dim, index, key)
+
+
+def _signature(input, dim, index):
+    """What a gather or index_select call is cached under; None when an argument is not a tensor (the
+    checked path then says which). type(dim) is part of it: 1.0 == 1, but 1.0 is no dim."""
+    try:
+        return input._layout or layout_of(input), dim, type(dim), index._layout or layout_of(index)
+    except AttributeError:
+        return None
 
 
 def setitem(t, index, value):
