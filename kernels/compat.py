@@ -3,9 +3,9 @@ interpreter internals used here exist unchanged through 3.9).
 
 - `jit`: kernels are decorated once; on the simulated backend they become interpreted functions, so
   nested @jit helpers are interpreted too (a plain JITFunction refuses to be called outside a kernel).
-- the interpreter's argument conventions: pointer arguments are objects with `data_ptr()` and a dtype
-  name, and scalars are wrapped with the type the compiled kernel's signature gives them, so index
-  arithmetic overflows (or not) exactly as on the GPU.
+- the interpreter's argument conventions: pointers and scalars are handed over as the interpreter's own
+  one-element tensors, typed as the compiled kernel's signature types them, so index arithmetic overflows
+  (or not) exactly as on the GPU, and Triton never inspects (nor imports torch for) a foreign object.
 - `compile_cuda`: `triton.compile` with explicit divisibility attributes, returning the cubin and what
   minitensor's own launcher needs to call it.
 - `narrow`: float32 to bfloat16 rounded to nearest even in the interpreter too.
@@ -81,64 +81,29 @@ def dtype(name):
     return _TYPES[name]
 
 
-_TRITON_TO_DTYPE_NAME = {"i1": "bool", "u8": "uint8", "i8": "int8", "i16": "int16", "i32": "int32",
-                         "i64": "int64", "fp16": "float16", "bf16": "bfloat16", "fp32": "float32",
-                         "fp64": "float64"}
 _SCALAR_TYPES = {"i32": (np.int32, tl.int32), "i64": (np.int64, tl.int64), "u32": (np.uint32, tl.uint32),
                  "fp32": (np.float32, tl.float32), "fp64": (np.float64, tl.float64)}
 
 
-class _Pointer:
-    """What the interpreter wants of a tensor argument. The torch-like methods are no-ops: the
-    interpreter would copy a GPU tensor to the host and back, but simulated device memory already is
-    host memory."""
-
-    __slots__ = ("address", "dtype")
-
-    def __init__(self, address, dtype):
-        self.address, self.dtype = address, dtype
-
-    def data_ptr(self):
-        return self.address
-
-    def untyped_storage(self):
-        return self
-
-    def cpu(self):
-        return self
-
-    def new_empty(self, *args, **kwargs):
-        return self
-
-    def set_(self, *args):
-        return self
-
-    def copy_(self, other):
-        return self
-
-    def storage_offset(self):
-        return 0
-
-    def size(self):
-        return ()
-
-    def stride(self):
-        return ()
+def _interpreted_value(np_type, tl_type):
+    """A converter from a raw launch argument to the interpreter's one-element tensor of `tl_type`."""
+    return lambda value: tl.tensor(TensorHandle(np.array([value], dtype=np_type), tl_type), tl_type)
 
 
 def interpreter_arg_wrappers(signature):
-    """One converter per runtime parameter turning raw launch arguments into what the interpreter needs."""
+    """One converter per runtime parameter turning raw launch arguments into what the interpreter needs.
+
+    Pointers are handed over as the interpreter's own pointer tensors: an object with `data_ptr()` would go
+    through Triton's native specialisation, which imports torch when it is installed (3.6 through 3.9) and
+    copies "GPU tensors" to the host and back (simulated device memory already is host memory)."""
     wrappers = []
     for ty in signature.values():
         if ty == "constexpr":
             continue
         if ty.startswith("*"):
-            name = _TRITON_TO_DTYPE_NAME[ty[1:]]
-            wrappers.append(lambda a, name=name: _Pointer(a, name))
+            wrappers.append(_interpreted_value(np.uint64, tl.pointer_type(_TYPES[ty[1:]])))
         elif ty in _SCALAR_TYPES:
-            np_type, tl_type = _SCALAR_TYPES[ty]
-            wrappers.append(lambda a, np_type=np_type, tl_type=tl_type:
-                            tl.tensor(TensorHandle(np.array([a], dtype=np_type), tl_type), tl_type))
+            wrappers.append(_interpreted_value(*_SCALAR_TYPES[ty]))
         else:
             raise TypeError(f"no interpreter conversion for parameter type {ty}")
     return wrappers

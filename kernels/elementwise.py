@@ -60,9 +60,12 @@ def _int_pow(x, y, BITS: tl.constexpr):
         r = tl.where((e & 1) != 0, r * base, r)
         base = base * base
         e = e >> 1
-    odd = (y & 1) != 0
-    unit = tl.where(x == 1, 1, tl.where(x == -1, tl.where(odd, -1, 1), 0))
-    return tl.where(y < 0, unit.to(r.dtype), r)
+    if tl.constexpr(x.dtype.is_int_unsigned()):
+        return r  # no negative exponent, no base of -1 (and Triton 3.9 refuses comparing one with -1)
+    else:
+        odd = (y & 1) != 0
+        unit = tl.where(x == 1, 1, tl.where(x == -1, tl.where(odd, -1, 1), 0))
+        return tl.where(y < 0, unit.to(r.dtype), r)
 
 
 @jit
