@@ -18,7 +18,7 @@ class Block:
     """
 
     __slots__ = ("ptr", "size", "requested", "stream", "free_list", "prev", "next", "state", "stream_uses",
-                 "event_count", "gc_base", "reuse_version", "reuse_kind")
+                 "events", "event_count", "gc_base", "reuse_version", "reuse_kind")
 
     def __init__(self, ptr, size, stream, free_list):
         self.ptr = ptr
@@ -29,7 +29,9 @@ class Block:
         self.prev = None
         self.next = None
         self.state = FREE
-        self.stream_uses = None  # other streams that used it (record_stream), a set once there is one
+        # other streams that used it (record_stream): a set of (allocator's device, stream handle) once there is one
+        self.stream_uses = None
+        self.events = None  # their events, from recording at free to queueing (stream_events.py)
         self.event_count = 0  # events still to complete before a PENDING block is free
         self.gc_base = 0  # the pool's lookup count when it was cached (garbage_collection_threshold)
         self.reuse_version = -1  # free_list.version when reuse_kind was worked out (see the allocator)

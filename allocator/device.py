@@ -4,52 +4,45 @@ The driver (minitensor.backends.base.Driver, or a fake in tests) gives malloc/fr
 (create/record/query/synchronize/destroy), mem_get_info, and current_device/set_device. One allocator per
 device; every public method but `free` takes the lock once.
 
-Policy (reference/allocator.md, torch's c10/cuda/CUDACachingAllocator.cpp):
+Policy (docs/allocator.md, torch's c10/cuda/CUDACachingAllocator.cpp):
 - Requests round up to 512 bytes (or roundup_power2_divisions); up to 1 MiB they come from the small pool,
-  else from the large one. A miss asks the driver for a segment: 2 MiB (small), 20 MiB (under 10 MiB), or
-  the request rounded up to 2 MiB.
+  else from the large one. A miss asks the driver for a segment (segments.py): 2 MiB (small), 20 MiB (under
+  10 MiB), or the request rounded up to 2 MiB, after the out-of-memory ladder when the device is full.
 - Free blocks are cached per (stream, pool) and only reused by their stream: the smallest that fits, lowest
   address first. A request takes the low end of a block and the rest stays cached (small pool: when at
   least 512 bytes remain; large: when the request is under max_split_size and more than 1 MiB remains).
   Blocks of max_split_size or more are never split nor used for a request 20 MiB smaller. A freed block
   merges with its free neighbours.
 - A block used by other streams (record_stream) is cached only once an event recorded on each of them at
-  free time has completed; pending events are polled, oldest first per stream, at each allocation.
-- Out of memory, in order: free old cached blocks (garbage_collection_threshold with a memory fraction),
-  new segment, release cached blocks of max_split_size that cover the request and retry, release every
-  unsplit cached block and retry (num_alloc_retries), then OutOfMemoryError (num_ooms).
+  free time has completed (stream_events.py); pending events are polled, oldest first per stream, at each
+  allocation.
 
 Speed: allocating and freeing is the hot path of every op, so two shortcuts give torch's results without
-its search and merge:
-- a cached block of exactly the rounded size is the best fit: it is taken straight from its size's bin;
-- a freed block goes on a queue, unmerged and uncounted, without taking the lock; the next call under the
-  lock completes the queued frees as torch does, in order, except in the common case of one queued block
-  (the "victim") and an allocation of its size on its stream that torch's policy would serve with this
-  very block (see `_reuse_kind`): it is handed out again with the net statistics of the free and the
-  allocation. When the next call frees and asks for the same block again with nothing in between (every
-  op's loop), it repeats that step exactly, so only a count of the repeats is kept until something reads
-  or changes the statistics. Every reader of state (stats, snapshot) completes the queue first.
+its search and merge: a cached block of exactly the rounded size is the best fit, taken straight from its
+size's bin; and a freed block is queued, to be handed out again by the next allocation when torch would
+(reuse.py). Both run inline in `alloc` and `free`, where a call would cost as much as the step.
 """
 import collections
 import threading
-from bisect import bisect_left
 
-from minitensor.errors import OutOfMemoryError
+from minitensor.base.errors import OutOfMemoryError
 
 from .block import ALLOCATED, FREE, NULL, PENDING, QUEUED, Block, FreeList
+from .reuse import QueuedFrees
+from .segments import Segments
 from .settings import Settings
-from .sizes import MIN_BLOCK, ONE_EB, OVERSIZE_SLACK, SMALL_SIZE, format_size, round_size, segment_size
+from .sizes import MIN_BLOCK, ONE_EB, OVERSIZE_SLACK, SMALL_SIZE, round_size
 from .snapshot import segment_dict
 from .stats import DeviceStats
 from .stats_reset import StatsReset
+from .stream_events import StreamEvents
 
 _UNLIMITED = 1 << 64  # max_split_size when none is set: no block reaches it
-# How freeing the victim and taking it again moves the inactive split blocks (see _reuse_kind).
-_WHOLE, _ALONE, _REJOIN, _REJOIN_WHOLE = "whole", "alone", "rejoin", "rejoin whole"
 
 
-class DeviceCachingAllocator(StatsReset):
-    """The caching allocator of one device."""
+class DeviceCachingAllocator(QueuedFrees, Segments, StatsReset):
+    """The caching allocator of one device. Its queued frees (reuse.py) and its segments (segments.py) are
+    mixins rather than objects of their own: they share its state, and the hot path reads it inline."""
 
     def __init__(self, driver, device, settings=None):
         self.driver = driver
@@ -58,9 +51,9 @@ class DeviceCachingAllocator(StatsReset):
         self._small = {}  # stream -> FreeList of the small pool
         self._large = {}  # stream -> FreeList of the large pool
         self._segments = {}  # segment address -> its first block
-        self._events = {}  # stream -> deque of (event, block): record_stream uses not yet known complete
-        self._spare_events = []  # completed events, recorded again rather than created
-        self._freed = collections.deque()  # blocks freed, their frees not yet completed (see the docstring)
+        self._events = StreamEvents(driver, self._events_done, per_stream=True)
+        self._queued_events = self._events.queues  # empty unless an event pends: tested inline on the hot path
+        self._freed = collections.deque()  # blocks freed, their frees not yet completed (see reuse.py)
         self._repeat_victim = None  # the victim last handed out again, while nothing else happened since
         self._repeats = 0  # its hand-outs since then, their statistics not yet added (_end_repeats)
         self._repeat_increments = None
@@ -97,9 +90,9 @@ class DeviceCachingAllocator(StatsReset):
         lock = self._lock
         lock.acquire()
         try:
-            if self._events:
+            if self._queued_events:
                 self._settle()
-                self._process_events()
+                self._events.poll()
             freed = self._freed
             if freed:
                 victim = freed[0]
@@ -153,9 +146,9 @@ class DeviceCachingAllocator(StatsReset):
             return
         with self._lock:
             if block.stream_uses is None:
-                block.stream_uses = {stream}
+                block.stream_uses = {(self.device, stream)}
             else:
-                block.stream_uses.add(stream)
+                block.stream_uses.add((self.device, stream))
 
     # ------------------------------------------------------------------ the torch.cuda.memory functions
     def empty_cache(self):
@@ -197,104 +190,6 @@ class DeviceCachingAllocator(StatsReset):
 
     def memory_fraction(self):
         return self._fraction
-
-    # ------------------------------------------------------------------ the victim shortcut
-    def _settle(self):
-        """Complete the queued frees, in order, as torch does, and count the repeated hand-outs (lock held)."""
-        if self._repeat_victim is not None:
-            self._end_repeats()
-        freed = self._freed
-        for _ in range(len(freed)):
-            self._free(freed.popleft())
-
-    def _take_victim(self, victim, size, nbytes):
-        """Hand out the one queued block (the victim) again if torch's free of it followed by this allocation
-        would (see _reuse_kind), counting both in one step, and make it the block whose repeats alloc
-        counts. False, with nothing changed, when torch would hand out another block."""
-        free_list = victim.free_list
-        if victim.reuse_version != free_list.version:
-            victim.reuse_kind = self._reuse_kind(victim)
-            victim.reuse_version = free_list.version
-        kind = victim.reuse_kind
-        if kind is None:
-            return False
-        self._freed.popleft()
-        p = free_list.stats
-        split = split_bytes = 0  # what the free and the take add to the inactive splits' increases
-        if kind is _REJOIN:  # the free grows the split block above by `size`, the take undoes it
-            split_bytes = size
-            b = p.inactive_split_bytes + size
-            if b > p.inactive_split_bytes_peak:
-                p.inactive_split_bytes_peak = b
-            b += free_list.other_stats.inactive_split_bytes
-            if b > free_list.all_peaks.inactive_split_bytes_peak:
-                free_list.all_peaks.inactive_split_bytes_peak = b
-        elif kind is _REJOIN_WHOLE:  # the free unsplits the segment, the take splits it again
-            split, split_bytes = 1, victim.next.size
-        elif kind is _ALONE:  # the free makes it a free split block, the take undoes it
-            split, split_bytes = 1, size
-            self._split_peaks(p, 1, size)
-        if nbytes != victim.requested:
-            self._count_requested(victim, nbytes)
-        if self._repeat_victim is not None:
-            self._end_repeats()
-        self._repeat_victim, self._repeats = victim, 1
-        self._repeat_increments = (p, split, split_bytes, size, nbytes, size >= self._max_split)
-        victim.state = ALLOCATED
-        return True
-
-    def _end_repeats(self):
-        """Add the increases of the victim's hand-outs since _take_victim to the statistics: each repeat
-        adds what the first did (current values and peaks end where they were), so they are added up only
-        here, before anything reads or changes the statistics."""
-        n = self._repeats
-        p, split, split_bytes, size, nbytes, oversize = self._repeat_increments
-        p.inactive_split_inc += n * split
-        p.inactive_split_bytes_inc += n * split_bytes
-        p.allocation_inc += n
-        p.allocated_bytes_inc += n * size
-        p.requested_bytes_inc += n * nbytes
-        if oversize:
-            self.stats.oversize_allocations.inc += n
-        self._repeat_victim, self._repeats = None, 0
-
-    def _count_requested(self, victim, nbytes):
-        """A victim handed out again for another number of bytes than before."""
-        free_list = victim.free_list
-        p = free_list.stats
-        r = p.requested_bytes = p.requested_bytes + nbytes - victim.requested
-        if r > p.requested_bytes_peak:
-            p.requested_bytes_peak = r
-        r += free_list.other_stats.requested_bytes
-        if r > free_list.all_peaks.requested_bytes_peak:
-            free_list.all_peaks.requested_bytes_peak = r
-        victim.requested = nbytes
-
-    def _reuse_kind(self, victim):
-        """How torch's free-then-allocate of the victim (same size, same stream) goes: None when it would
-        not hand out the victim itself, else what happens to the inactive split blocks (_WHOLE, _ALONE,
-        _REJOIN, _REJOIN_WHOLE). It depends only on the victim's free list (its neighbours are cached there
-        or not), so the allocator keeps it until that list's version changes."""
-        prev, nxt = victim.prev, victim.next
-        if prev is not None and prev.state == FREE:
-            return None  # merged with its lower neighbour, the allocation would start lower
-        free_list, size = victim.free_list, victim.size
-        if nxt is None or nxt.state != FREE:  # it stays as it is: taken unless an equal block lies lower
-            bin_ = free_list.bins.get(size)
-            if bin_ and bin_[-1].ptr < victim.ptr:
-                return None
-            return _WHOLE if prev is None and nxt is None else _ALONE
-        merged = size + nxt.size  # merged with its upper neighbour, then split again at the same place ...
-        if not free_list.small and not (merged < self._max_split and nxt.size > SMALL_SIZE):
-            return None
-        sizes, bins = free_list.sizes, free_list.bins  # ... unless another cached block fits better
-        for fit in sizes[bisect_left(sizes, size):]:
-            bin_ = bins[fit]
-            if bin_ and not (fit == nxt.size and len(bin_) == 1):
-                if fit < merged or (fit == merged and bin_[-1].ptr < victim.ptr):
-                    return None
-                break
-        return _REJOIN_WHOLE if prev is None and nxt.next is None else _REJOIN
 
     # ------------------------------------------------------------------ allocation, general path
     def _alloc_nothing(self, nbytes):
@@ -368,57 +263,6 @@ class DeviceCachingAllocator(StatsReset):
         block.size = size
         self._cache_block(rest)
 
-    def _new_block(self, free_list, size):
-        """A new segment for `size`, after the out-of-memory retries; raises OutOfMemoryError."""
-        alloc_size = segment_size(size)
-        if self._limit is not None and self._gc_threshold:
-            self._garbage_collect()
-        block = self._new_segment(free_list, alloc_size)
-        if block is None and self._release_oversize(free_list, size):
-            block = self._new_segment(free_list, alloc_size)
-        if block is None:
-            self._release_cached()
-            self.stats.num_alloc_retries += 1
-            block = self._new_segment(free_list, alloc_size)
-        if block is None:
-            self.stats.num_ooms += 1
-            raise OutOfMemoryError(self._oom_message(alloc_size))
-        return block
-
-    def _new_segment(self, free_list, alloc_size):
-        """A fresh segment as one block, or None when the memory fraction or the driver refuses."""
-        stats = self.stats
-        if self._limit is not None and stats.current("reserved_bytes") + alloc_size > self._limit:
-            return None
-        try:
-            ptr = self.driver.malloc(self.device, alloc_size)
-        except OutOfMemoryError:
-            return None
-        block = Block(ptr, alloc_size, free_list.stream, free_list)
-        self._segments[ptr] = block
-        p = free_list.stats
-        p.segment += 1
-        p.reserved_bytes += alloc_size
-        p.segment_inc += 1
-        p.reserved_bytes_inc += alloc_size
-        p.segment_peak = max(p.segment_peak, p.segment)
-        p.reserved_bytes_peak = max(p.reserved_bytes_peak, p.reserved_bytes)
-        stats.all.segment_peak = max(stats.all.segment_peak, stats.current("segment"))
-        stats.all.reserved_bytes_peak = max(stats.all.reserved_bytes_peak, stats.current("reserved_bytes"))
-        stats.num_device_alloc += 1
-        if alloc_size >= self._max_split:
-            stats.oversize_segments.up()
-        return block
-
-    def _oom_message(self, alloc_size):
-        free, total = self.driver.mem_get_info(self.device)
-        allowed = "" if self._limit is None else f"{format_size(self._limit)} allowed; "
-        allocated, reserved = self.stats.current("allocated_bytes"), self.stats.current("reserved_bytes")
-        return (f"CUDA out of memory. Tried to allocate {format_size(alloc_size)}. GPU {self.device} has a total "
-                f"capacity of {format_size(total)} of which {format_size(free)} is free. {allowed}Of the "
-                f"allocated memory {format_size(allocated)} is allocated by minitensor, and "
-                f"{format_size(reserved - allocated)} is reserved by minitensor but unallocated.")
-
     # ------------------------------------------------------------------ statistics of taking and caching
     def _count_taken(self, block, nbytes):
         """Statistics of handing out a block (out of its free list, split if it was to be)."""
@@ -474,7 +318,8 @@ class DeviceCachingAllocator(StatsReset):
             block.state = PENDING
             p.pending += 1
             p.pending_bytes += size
-            self._record_events(block)
+            self._events.record(block)
+            self._events.queue(block)
         else:
             self._cache(block, p)
 
@@ -538,121 +383,9 @@ class DeviceCachingAllocator(StatsReset):
         if b > stats.all.inactive_split_bytes_peak:
             stats.all.inactive_split_bytes_peak = b
 
-    # ------------------------------------------------------------------ record_stream events
-    def _record_events(self, block):
-        """One event per stream that used the freed block, recorded on the allocator's device."""
-        driver, device = self.driver, self.device
-        previous = driver.current_device()
-        if previous != device:
-            driver.set_device(device)
-        try:
-            for stream in sorted(block.stream_uses):
-                event = self._spare_events.pop() if self._spare_events else driver.event_create(device, False, False)
-                driver.event_record(event, stream)
-                block.event_count += 1
-                queue = self._events.get(stream)
-                if queue is None:
-                    queue = self._events[stream] = collections.deque()
-                queue.append((event, block))
-        finally:
-            if previous != device:
-                driver.set_device(previous)
-        block.stream_uses = None
-
-    def _process_events(self):
-        """Cache the pending blocks whose events have all completed; per stream, oldest first, stopping at
-        the first event not yet complete."""
-        query = self.driver.event_query
-        for stream, queue in list(self._events.items()):
-            while queue:
-                event, block = queue[0]
-                if not query(event):
-                    break
-                queue.popleft()
-                self._event_done(event, block)
-            if not queue:
-                del self._events[stream]
-
-    def _synchronize_events(self):
-        """Wait for every pending event and cache their blocks (empty_cache, out-of-memory retry)."""
-        self.stats.num_sync_all_streams += 1
-        synchronize = self.driver.event_synchronize
-        for queue in self._events.values():
-            for event, block in queue:
-                synchronize(event)
-                self._event_done(event, block)
-        self._events.clear()
-
-    def _event_done(self, event, block):
-        self._spare_events.append(event)
-        block.event_count -= 1
-        if block.event_count == 0:
-            p = block.free_list.stats
-            p.pending -= 1
-            p.pending_bytes -= block.size
-            self._cache(block, p)
-
-    # ------------------------------------------------------------------ giving memory back
-    def _release_cached(self):
-        """Cache every block whose events are pending, then free every unsplit cached segment."""
-        self._synchronize_events()
-        for pools in (self._large, self._small):
-            for free_list in [pools[stream] for stream in sorted(pools)]:
-                for block in free_list.blocks():
-                    if block.prev is None and block.next is None:
-                        self._release(block)
-                free_list.prune()
-        for event in self._spare_events:
-            self.driver.event_destroy(event)
-        self._spare_events.clear()
-
-    def _release_oversize(self, free_list, size):
-        """With max_split_size set: free one cached unsplit block covering the request, or else the
-        largest oversize ones until they add up to it. True when that freed enough."""
-        if self._max_split == _UNLIMITED:
-            return False
-        want = max(size, self._max_split)
-        bin_ = free_list.best_fit(want)
-        if bin_ is not None and bin_[-1].prev is None and bin_[-1].next is None:
-            self._release(bin_[-1])
-            return True
-        released = 0
-        for block in free_list.largest_first():
-            if released >= want or block.size < self._max_split:
-                break
-            if block.prev is None and block.next is None:
-                released += block.size
-                self._release(block)
-        return released >= want
-
-    def _garbage_collect(self):
-        """Free unsplit large cached blocks, oldest (in large-pool lookups) first, until the segments are
-        back under garbage_collection_threshold of the memory fraction."""
-        target = self.stats.current("reserved_bytes") - int(self._gc_threshold * self._limit)
-        if target <= 0:
-            return
-        candidates = [b for fl in self._large.values() for b in fl.blocks() if b.prev is None and b.next is None]
-        reclaimed = 0
-        while candidates and reclaimed < target:
-            average = sum(self._gc_lookups - b.gc_base for b in candidates) / len(candidates)
-            keep = []
-            for block in candidates:
-                if self._gc_lookups - block.gc_base >= average:
-                    reclaimed += block.size
-                    self._release(block)
-                else:
-                    keep.append(block)
-            candidates = keep
-
-    def _release(self, block):
-        """Give a cached whole segment back to the driver."""
-        stats = self.stats
-        block.free_list.remove(block)
-        self.driver.free(self.device, block.ptr)
-        del self._segments[block.ptr]
+    def _events_done(self, block):
+        """A pending block whose events have all completed (stream_events.py): cache it."""
         p = block.free_list.stats
-        p.segment -= 1
-        p.reserved_bytes -= block.size
-        stats.num_device_free += 1
-        if block.size >= self._max_split:
-            stats.oversize_segments.down()
+        p.pending -= 1
+        p.pending_bytes -= block.size
+        self._cache(block, p)

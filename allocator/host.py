@@ -1,13 +1,14 @@
 """Pinned host memory: torch's caching host allocator policy (aten/src/ATen/core/CachingHostAllocator.h), in
 pure Python over the driver protocol (host_alloc/host_free, host_register/host_unregister, events).
 
-Policy (reference/allocator.md):
+Policy (docs/allocator.md):
 - Requests round up to a power of two; a freed block goes back to the free list of exactly its size and is
   reused last in, first out. Blocks are never split nor merged. Zero bytes gives the null block.
 - A non_blocking copy that reads or writes a block records its stream on it (`record_stream`). Freeing the
-  block then records one event per such stream, and it is reusable only once all have completed. Pending
-  events are processed oldest first, stopping at the first not complete: before each allocation, or with
-  `pinned_use_background_threads:True` by one background thread instead (every ~100 us while any pend).
+  block then records one event per such stream, and it is reusable only once all have completed (see
+  stream_events.py). Pending events are processed in one queue, oldest first, stopping at the first not
+  complete: before each allocation, or with `pinned_use_background_threads:True` by one background thread
+  instead (every ~100 us while any pend).
 - Memory comes from the driver's `host_alloc` (cuMemHostAlloc), or with `pinned_use_host_register:True` from
   ordinary memory (an anonymous mapping) whose pages are touched first, by `pinned_num_register_threads`
   threads when it is large enough, then `host_register`ed (cuMemHostRegister).
@@ -27,13 +28,13 @@ import sys
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .host_stats import HostStats
 from .settings import Settings
 from .stats_reset import StatsReset
+from .stream_events import StreamEvents
 
 MAX_REGISTER_THREADS = 128  # pinned_num_register_threads' limit
 PAGE = 4096  # pages are touched one byte per 4 KiB, as torch does, before cuMemHostRegister
@@ -43,15 +44,15 @@ _POLL_S = 1e-4  # how often the background thread looks at pending events
 class HostBlock:
     """`size` bytes of pinned host memory at `ptr`."""
 
-    __slots__ = ("ptr", "size", "mapping", "streams", "events", "pending", "array")
+    __slots__ = ("ptr", "size", "mapping", "stream_uses", "events", "event_count", "array")
 
     def __init__(self, ptr, size, mapping):
         self.ptr = ptr
         self.size = size
         self.mapping = mapping  # the ordinary memory behind a registered block; None for host_alloc memory
-        self.streams = None  # {(device, stream handle)} recorded by non_blocking copies while handed out
-        self.events = None  # [(event, device)] recorded at free, until the allocator queues them
-        self.pending = 0  # events still to complete before the block is free
+        self.stream_uses = None  # {(device, stream handle)} recorded by non_blocking copies while handed out
+        self.events = None  # [(event, device, stream)] recorded at free, until the allocator queues them
+        self.event_count = 0  # events still to complete before the block is free
         self.array = None  # the numpy array a storage views it through, kept for the next storage
 
     def __repr__(self):
@@ -68,8 +69,8 @@ class HostCachingAllocator(StatsReset):
         self._lock = threading.Lock()
         self._bins = {}  # size -> cached blocks, the last freed at the end
         self._freed = collections.deque()  # blocks freed, their frees not yet completed under the lock
-        self._events = collections.deque()  # (event, device, block), oldest first
-        self._spare_events = collections.defaultdict(list)  # device -> completed events, recorded again
+        self._events = StreamEvents(driver, self._cache, per_stream=False)
+        self._queued_events = self._events.queues  # empty unless an event pends: tested inline on the hot path
         self._pool = None  # threads that touch the pages of memory to register, started as needed
         self._thread = None  # the background event thread, while pinned_use_background_threads is on
         self._wake = threading.Event()
@@ -101,7 +102,7 @@ class HostCachingAllocator(StatsReset):
             freed = self._freed
             if freed:
                 block = freed[0]
-                if len(freed) == 1 and block.size == size and block.events is None and not self._events:
+                if len(freed) == 1 and block.size == size and block.events is None and not self._queued_events:
                     # the hot path: the block just freed is the one the cache hands out (last in, first
                     # out); its free and this allocation leave every current value and peak as they were
                     freed.popleft()
@@ -112,8 +113,8 @@ class HostCachingAllocator(StatsReset):
                     stats.active_bytes.freed += size
                     return block
                 self._settle()
-            if self._events and self._thread is None:
-                self._process_events()
+            if self._queued_events and self._thread is None:
+                self._events.poll()
             bin_ = self._bins.get(size)
             if bin_:
                 block = bin_.pop()
@@ -143,8 +144,8 @@ class HostCachingAllocator(StatsReset):
             block.array = None
             weakref.finalize(array, self.free, block)
             return
-        if block.streams:
-            self._record_events(block)
+        if block.stream_uses:
+            self._events.record(block)
         self._freed.append(block)  # thread-safe without the lock
         if block.events and self._thread is not None:
             self._wake.set()
@@ -153,17 +154,17 @@ class HostCachingAllocator(StatsReset):
         """A copy on `stream` (a handle of device `device`) uses the block: its free waits for that work."""
         if not block.size:
             return
-        if block.streams is None:
-            block.streams = {(device, stream)}
+        if block.stream_uses is None:
+            block.stream_uses = {(device, stream)}
         else:
-            block.streams.add((device, stream))
+            block.stream_uses.add((device, stream))
 
     # ------------------------------------------------------------------ the torch.cuda functions
     def empty_cache(self):
         """Process the pending events, then give every cached block back to the driver."""
         with self._lock:
             self._settle()
-            self._process_events()
+            self._events.poll()
             blocks = [block for bin_ in self._bins.values() for block in bin_]
             self._bins.clear()
         for block in blocks:
@@ -190,13 +191,11 @@ class HostCachingAllocator(StatsReset):
 
     def _settle(self):
         """Complete the queued frees, in order: cache each block, or queue its events."""
-        freed, events = self._freed, self._events
+        freed = self._freed
         while freed:
             block = freed.popleft()
             if block.events:
-                for event, device in block.events:
-                    events.append((event, device, block))
-                block.events = None
+                self._events.queue(block)
             else:
                 self._cache(block)
 
@@ -210,20 +209,6 @@ class HostCachingAllocator(StatsReset):
         stats.active_requests.decrease(1)
         stats.active_bytes.decrease(block.size)
 
-    def _process_events(self):
-        """Cache the blocks whose events have all completed, oldest event first, stopping at the first
-        that has not."""
-        events, query = self._events, self.driver.event_query
-        while events:
-            event, device, block = events[0]
-            if not query(event):
-                return
-            events.popleft()
-            self._spare_events[device].append(event)
-            block.pending -= 1
-            if not block.pending:
-                self._cache(block)
-
     def _background(self):
         """pinned_use_background_threads: process events while any are pending, sleep otherwise."""
         me = threading.current_thread()
@@ -233,8 +218,8 @@ class HostCachingAllocator(StatsReset):
                 self._wake.clear()
                 with self._lock:
                     self._settle()
-                    self._process_events()
-                    pending = bool(self._events)
+                    self._events.poll()
+                    pending = bool(self._queued_events)
                 if pending:
                     self._wake.set()
                     time.sleep(_POLL_S)
@@ -243,29 +228,6 @@ class HostCachingAllocator(StatsReset):
             raise
 
     # ------------------------------------------------------------------ without the lock
-    def _record_events(self, block):
-        """One event per stream that used the block, recorded on that stream's device."""
-        driver = self.driver
-        previous = driver.current_device()
-        events = []
-        try:
-            for device, stream in sorted(block.streams):
-                if driver.current_device() != device:
-                    driver.set_device(device)
-                spare = self._spare_events[device]
-                try:
-                    event = spare.pop()
-                except IndexError:
-                    event = driver.event_create(device, False, False)
-                driver.event_record(event, stream)
-                events.append((event, device))
-        finally:
-            if driver.current_device() != previous:
-                driver.set_device(previous)
-            block.streams = None
-            block.pending = len(events)
-            block.events = events
-
     def _new_block(self, size):
         """A new block from the driver, and how long that took in microseconds."""
         start = time.perf_counter()
@@ -293,6 +255,7 @@ class HostCachingAllocator(StatsReset):
         if self._pool is None:  # torch keeps a pool too: a new thread costs more than touching its pages
             with self._lock:
                 if self._pool is None:
+                    from concurrent.futures import ThreadPoolExecutor  # here: importing it slows `import minitensor`
                     self._pool = ThreadPoolExecutor(max_workers=MAX_REGISTER_THREADS,
                                                     thread_name_prefix="minitensor-pin")
         per_thread = -(-pages // threads)

@@ -4,7 +4,7 @@ memory checkers see each allocation (torch's PYTORCH_NO_CUDA_MEMORY_CACHING).
 Each allocation is its own segment of exactly the bytes asked for; the statistics, snapshot and memory
 fraction work as with caching. record_stream needs no events: the driver's free waits for the device.
 """
-from minitensor.errors import OutOfMemoryError
+from minitensor.base.errors import OutOfMemoryError
 
 from .block import ALLOCATED, NULL
 from .device import DeviceCachingAllocator

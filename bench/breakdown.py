@@ -19,10 +19,10 @@ def per_call_us(fn, n=20000, repeat=5):
 
 def main():
     import minitensor as mt
-    from minitensor import pointwise
+    from minitensor.core import fields
     from minitensor.cuda.streams import current_stream_handle
     from minitensor.kernels import launcher, plans
-    from minitensor.storage import UntypedStorage
+    from minitensor.ops import pointwise
     from minitensor.tensor import Tensor
     a = mt.rand(1024, device="cuda")
     b = mt.rand(1024, device="cuda")
@@ -41,7 +41,7 @@ def main():
     rows = [("launch of the add kernel", lambda: add_launch(1, 1, 1, stream, pa, pb, pc, 0, 0, 1024)),
             *ops,
             ("allocator alloc+free 4 KiB", lambda: allocator.free(allocator.alloc(4096, stream))),
-            ("storage alloc+free 4 KiB", lambda: UntypedStorage._allocate(4096, dev, allocator, stream)),
+            ("storage alloc+free 4 KiB", lambda: fields.allocate(4096, dev, allocator, stream)),
             ("Tensor(storage, ...)+del", lambda: Tensor(storage, (1024,), (1,), 0, mt.float32)),
             ("empty(1024)+del", lambda: mt.empty(1024, device="cuda")),
             ("current_stream_handle", lambda: current_stream_handle(0))]
@@ -94,13 +94,14 @@ t1 = time.perf_counter()
 from cuda.bindings import driver
 t2 = time.perf_counter()
 from minitensor.backends import active_driver
+from minitensor.kernels import launcher
 d = active_driver()
 t3 = time.perf_counter()
 d.set_device(0)
 t4 = time.perf_counter()
 a = mt.empty(1024, device="cuda")
 t5 = time.perf_counter()
-d._launcher_module()
+launcher.native()
 t6 = time.perf_counter()
 a.fill_(1)
 t7 = time.perf_counter()

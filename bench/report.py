@@ -1,5 +1,6 @@
 """Plain-text tables of the results; the JSON file holds the same numbers unrounded."""
 
+from bench.table import table
 from bench.targets import add_vs_copy, best_copy
 
 BASELINES = ("torch", "cupy")
@@ -16,15 +17,6 @@ def add_times(row, times, errors):
     """A row's measured times and, for each contender that failed, its error."""
     row["time"].update(times)
     row["errors"].update({label: error_text(exc) for label, exc in errors.items()})
-
-
-def table(header, body):
-    """Left-aligned columns, two spaces apart."""
-    widths = [max(len(str(r[i])) for r in [header, *body]) for i in range(len(header))]
-    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(r, widths)).rstrip()
-             for r in [header, *body]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def shape_text(shape):

@@ -6,7 +6,7 @@
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from bench.allocator import TRACES
+from bench.traces import TRACES
 
 
 def _time(rows, key, fw):

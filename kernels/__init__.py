@@ -4,9 +4,9 @@
   one imports Triton.
 - plan modules (`plans`, `reduce_plans`, `index_plans`, `random_plans`): how an op's operands become launches of
   those kernels, worked out once per signature.
-- `launcher`: compiled kernels per signature, from memory, the disk cache or a compile; `compat` holds every
-  Triton-version detail, `_launch.c` the C launcher, `native` builds it (and minitensor's other C source),
-  `diskcache` the files.
+- `launcher`: compiled kernels per signature, from memory, the disk cache (minitensor/base/diskcache.py) or a
+  compile, and the C launcher `_launch.c` (built by minitensor/base/cext.py); `compat` holds every
+  Triton-version detail.
 
 A warm process touches only plans, launcher and the C launcher: Triton is imported when a kernel must be
 compiled (or interpreted, on the simulated device).

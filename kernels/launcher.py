@@ -20,12 +20,18 @@ import re
 import threading
 
 from minitensor.backends import active_driver
-
-from . import diskcache
+from minitensor.base import cext, diskcache
+from minitensor.base.errors import CudaError
 
 _compiled = {}
 _lock = threading.Lock()
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_native = None  # the C launcher's module (_launch.c), built or loaded with the first compiled kernel
+_native_lock = threading.Lock()
+
+# Ids of mt.cuda.Gate objects that some stream waits on and that are not open yet (cuda/testing.py keeps it). On a
+# GPU, loading a kernel waits for the device to go idle, which it never does before such a gate opens.
+closed_gates = set()
 
 
 def get(kernel, device, types, constexprs, aligned=(), num_warps=4):
@@ -45,8 +51,7 @@ def get(kernel, device, types, constexprs, aligned=(), num_warps=4):
 
 
 def _load(kernel, device, types, constexprs, aligned, num_warps):
-    from minitensor.cuda import Gate
-    if Gate.closed_with_waiters():
+    if closed_gates:
         raise RuntimeError(
             f"minitensor: kernel {kernel} is needed for the first time while a stream waits on a closed "
             "mt.cuda.Gate. On a GPU, loading a kernel waits for the device to go idle, which it never would "
@@ -54,21 +59,47 @@ def _load(kernel, device, types, constexprs, aligned, num_warps):
     driver = active_driver()
     if driver.interprets_kernels:
         function = _function(kernel)
-        return driver.interpret(device, function, *_signature(function, types, constexprs))
+        signature, constexpr_values = _signature(function, types, constexprs)
+        return driver.interpret(device, function, _compat().interpreter_arg_wrappers(signature),
+                                constexpr_values.values())
     props = driver.properties(device)
     capability = props.major * 10 + props.minor
     entry = diskcache.path("kernels-" + _cache_key(kernel, types, constexprs, aligned, num_warps, capability))
     binary = _read_entry(entry)
     if binary is None:
-        from . import compat
         function = _function(kernel)
-        binary = compat.compile_cuda(function, *_signature(function, types, constexprs), aligned, capability,
+        binary = _compat().compile_cuda(function, *_signature(function, types, constexprs), aligned, capability,
                                      num_warps)
         cubin = binary.pop("cubin")
         diskcache.write(entry + ".cubin", cubin)  # the binary first: an entry counts once its .json exists
         diskcache.write(entry + ".json", json.dumps(binary).encode())
         binary["cubin"] = cubin
-    return driver.load_kernel(device, **binary)
+    function, context = driver.load_function(device, binary["cubin"], binary["name"], binary["shared"])
+    return native().Launcher(function, context, 32 * binary["num_warps"], binary["shared"], binary["kinds"].encode(),
+                             binary["name"])
+
+
+def native():
+    """The C launcher's module, built once per Python version and loaded from the disk cache after that."""
+    global _native
+    if _native is None:
+        with _native_lock:
+            if _native is None:
+                module = cext.load(os.path.join(_HERE, "_launch.c"), "_minitensor_launch")
+                module.init(_raise_launch_error)
+                _native = module
+    return _native
+
+
+def _raise_launch_error(code, kernel):
+    """Called by the C launcher when cuLaunchKernel fails."""
+    raise CudaError(code, f"{active_driver().error_string(code)} (launching {kernel})")
+
+
+def _compat():
+    """compat.py, which imports Triton: only a compile, or the simulator's interpreter, needs it."""
+    from . import compat  # lazy: import cost
+    return compat
 
 
 def _function(kernel):

@@ -11,7 +11,7 @@ import functools
 import itertools
 import math
 
-from minitensor import dtypes
+from minitensor.base import dtypes
 from minitensor.backends import active_driver
 
 from . import launcher

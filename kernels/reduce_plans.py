@@ -13,7 +13,7 @@ Nothing here imports Triton.
 import functools
 import math
 
-from minitensor import dtypes
+from minitensor.base import dtypes
 from minitensor.backends import active_driver
 
 from . import launcher

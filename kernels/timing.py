@@ -1,4 +1,4 @@
-"""Device-side waits behind `mt.cuda.sleep` and `mt.cuda.Gate` on the real GPU.
+"""Device-side waits behind `mt.cuda.sleep` and `mt.cuda.Gate` on the real GPU (minitensor/cuda/testing.py).
 
 The simulated device needs none of this: its streams are host threads that can simply sleep or wait.
 """
@@ -22,15 +22,10 @@ def _spin_until_set(flag_ptr):
         pass
 
 
-def _device():
-    from minitensor import cuda
-    return cuda.current_device()
+def spin_sleep(device, stream, duration_ns):
+    launcher.get("timing._spin_for", device, ("i64",), ())(1, 1, 1, stream, duration_ns)
 
 
-def spin_sleep(stream, duration_ns):
-    launcher.get("timing._spin_for", _device(), ("i64",), ())(1, 1, 1, stream, duration_ns)
-
-
-def spin_on_flag(stream, flag_ptr):
+def spin_on_flag(device, stream, flag_ptr):
     """`flag_ptr`: the device address of an int32 in mapped pinned memory that the host sets to open."""
-    launcher.get("timing._spin_until_set", _device(), ("*i32",), ())(1, 1, 1, stream, flag_ptr)
+    launcher.get("timing._spin_until_set", device, ("*i32",), ())(1, 1, 1, stream, flag_ptr)

@@ -5,15 +5,20 @@ import numbers
 
 import numpy as np
 
-from . import dtypes, fields, random
-from .device import CPU, as_device
-from .interop import foreign_tensor
-from .ops import to_storage_values
+from .base import dtypes
+from .base.device import CPU
+from .core import fields
+from .core.host_arrays import to_storage_values
+from .core.layout import layout_number
+from .core.shapes import contiguous_strides, extent, shape_arg
+from .core.storage import UntypedStorage
 from .cuda import memory
+from .cuda.devices import as_device
 from .cuda.streams import _tls as _streams_tls
-from .layout import layout_number
-from .storage import UntypedStorage
-from .tensor import Tensor, _shape_arg, contiguous_strides
+from .interop import foreign_tensor
+from .ops import random
+from .ops.typing import result_type
+from .tensor import Tensor
 
 
 def _device(device):
@@ -112,7 +117,7 @@ def empty(*size, dtype=None, device=None, pin_memory=False, requires_grad=False)
 
 
 def _empty_maker(size, dtype, device, pin_memory):
-    shape = _shape_arg(size)
+    shape = shape_arg(size)
     nbytes, strides = math.prod(shape) * dtype.itemsize, contiguous_strides(shape)
     layout = layout_number(dtype, shape, strides, device.index)
     if pin_memory:
@@ -134,17 +139,17 @@ def _empty_maker(size, dtype, device, pin_memory):
 
 def full(size, fill_value, dtype=None, device=None, pin_memory=False, requires_grad=False):
     if dtype is None:
-        dtype = dtypes.result_type(fill_value)
-    t = empty(_shape_arg((size,)), dtype=dtype, device=device, pin_memory=pin_memory)
+        dtype = result_type(fill_value)
+    t = empty(shape_arg((size,)), dtype=dtype, device=device, pin_memory=pin_memory)
     return t.fill_(fill_value)
 
 
 def zeros(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
-    return full(_shape_arg(size), 0, dtype=dtype or dtypes.default_float, device=device, pin_memory=pin_memory)
+    return full(shape_arg(size), 0, dtype=dtype or dtypes.default_float, device=device, pin_memory=pin_memory)
 
 
 def ones(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
-    return full(_shape_arg(size), 1, dtype=dtype or dtypes.default_float, device=device, pin_memory=pin_memory)
+    return full(shape_arg(size), 1, dtype=dtype or dtypes.default_float, device=device, pin_memory=pin_memory)
 
 
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
@@ -155,7 +160,7 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
     if (end - start) * step < 0:
         raise RuntimeError("upper bound and larger bound inconsistent with step sign")
     if dtype is None:
-        dtype = dtypes.result_type(start, end, step)
+        dtype = result_type(start, end, step)
     n = max(0, math.ceil((end - start) / step))
     return _from_host(start + step * np.arange(n, dtype=np.float64 if dtype.is_floating_point else np.int64),
                       dtype, _device(device))
@@ -225,9 +230,9 @@ def from_numpy(array):
     if any(s % itemsize for s in array.strides):
         raise ValueError("given numpy array strides not a multiple of the element byte size. Copy the numpy "
                          "array to reallocate the memory.")
-    extent = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) + itemsize if array.size else 0
-    memory = (ctypes.c_uint8 * extent).from_address(array.ctypes.data) if extent else None
-    raw = np.frombuffer(memory, np.uint8) if extent else np.empty(0, np.uint8)
+    nbytes = extent(array.shape, [s // itemsize for s in array.strides]) * itemsize
+    buffer = (ctypes.c_uint8 * nbytes).from_address(array.ctypes.data) if nbytes else None
+    raw = np.frombuffer(buffer, np.uint8) if nbytes else np.empty(0, np.uint8)
     raw.flags.writeable = array.flags.writeable  # a read-only array stays read-only: writes raise, not corrupt
     storage = UntypedStorage._from_array(raw, owner=array)
     return Tensor(storage, tuple(array.shape), tuple(s // itemsize for s in array.strides), 0, dtype)

@@ -3,113 +3,28 @@
 Views never copy; they share the storage. Operations are in `ops` (kernels for cuda tensors, numpy for
 CPU tensors); this module holds metadata, views, indexing and conversions.
 """
-import functools
 import math
-import numbers
 
-import numpy as np
-
-from . import dtypes, fields, ops, pointwise
-from . import indexing
-from . import random
-from . import reductions
-from .cuda import memory
-from .cuda.streams import _tls as _streams_tls
-from .device import CPU, as_device
-from .fields import TensorFields
-from .storage import UntypedStorage
-
-
-@functools.lru_cache(maxsize=4096)
-def contiguous_strides(shape):
-    strides, acc = [], 1
-    for size in reversed(shape):
-        strides.append(acc)
-        acc *= max(size, 1)
-    return tuple(reversed(strides))
-
-
-def normalize_dim(dim, ndim):
-    """Wrap a possibly negative dim, with torch's IndexError for one out of range."""
-    bound = max(ndim, 1)
-    if not -bound <= dim < bound:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], "
-                         f"but got {dim})")
-    return dim % bound
-
-
-def _infer_shape(shape, numel):
-    """Resolve one -1 in a requested shape against `numel`, with torch's errors."""
-    shape = tuple(int(s) for s in shape)
-    if shape.count(-1) > 1:
-        raise RuntimeError("only one dimension can be inferred")
-    known = math.prod(s for s in shape if s != -1)
-    if any(s < -1 for s in shape):
-        raise RuntimeError(f"invalid shape dimension {min(shape)}")
-    if -1 in shape:
-        if known == 0 or numel % known:
-            raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
-        shape = tuple(numel // known if s == -1 else s for s in shape)
-    elif known != numel:
-        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
-    return shape
-
-
-def _view_strides(shape, stride, new_shape):
-    """Strides for viewing (shape, stride) as new_shape without copying, or None (torch's computeStride)."""
-    numel = math.prod(shape)
-    if numel <= 1:
-        return contiguous_strides(new_shape)
-    new_stride = [0] * len(new_shape)
-    view_d = len(new_shape) - 1
-    chunk_base_stride = stride[-1]
-    tensor_numel = view_numel = 1
-    for d in range(len(shape) - 1, -1, -1):
-        tensor_numel *= shape[d]
-        if d == 0 or (shape[d - 1] != 1 and stride[d - 1] != tensor_numel * chunk_base_stride):
-            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
-                new_stride[view_d] = view_numel * chunk_base_stride
-                view_numel *= new_shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if d > 0:
-                chunk_base_stride = stride[d - 1]
-                tensor_numel = view_numel = 1
-    return tuple(new_stride) if view_d == -1 else None
-
-
-def _shape_arg(size):
-    """Accept f(2, 3), f((2, 3)) and f([2, 3])."""
-    if len(size) == 1 and isinstance(size[0], (tuple, list)):
-        size = size[0]
-    return tuple(map(int, size))
+from .base import dtypes
+from .base.device import CPU
+from .core import fields, shapes
+from .core.alloc import empty, empty_pinned
+from .core.fields import TensorFields
+from .core.host_arrays import numpy_values, numpy_view
+from .core.storage import UntypedStorage
+from .cuda.devices import as_device, cuda_device
+from .interop import cuda_array_interface, dlpack_device, to_dlpack, to_numpy_array
+from .ops import indexing, pointwise, random, reductions
+from .ops.copy import copy_, fill_
+from .ops.format import format_tensor
 
 
 class Tensor(TensorFields):
     """Tensor(storage, shape, stride, offset, dtype, layout=None): a view of `storage`; `layout` is its layout
-    number (layout.py) when the caller has it. The fields are TensorFields' (fields.py)."""
+    number (core/layout.py) when the caller has it. The fields are TensorFields' (core/fields.py); the
+    arithmetic of views is core/shapes.py's."""
 
     __slots__ = ()
-
-    @classmethod
-    def _empty(cls, shape, dtype, device):
-        """A new contiguous tensor; `device` must already be normalised (see device.as_device)."""
-        nbytes = math.prod(shape) * dtype.itemsize
-        if device.type == "cuda":  # straight to the allocator: factories and ops call this per op
-            index = device.index
-            handles = _streams_tls.handles  # current_stream_handle(index), inline
-            storage = UntypedStorage._allocate(nbytes, device, memory._only or memory.allocator(index),
-                                               0 if handles is None else handles[index])
-        else:
-            storage = UntypedStorage(nbytes, device)
-        return cls(storage, shape, contiguous_strides(shape), 0, dtype)
-
-    @classmethod
-    def _empty_pinned(cls, shape, dtype):
-        """A new contiguous CPU tensor in pinned memory."""
-        storage = UntypedStorage._pinned(math.prod(shape) * dtype.itemsize)
-        return cls(storage, shape, contiguous_strides(shape), 0, dtype)
 
     # ------------------------------------------------------------------ metadata
     @property
@@ -119,12 +34,12 @@ class Tensor(TensorFields):
     def size(self, dim=None):
         if dim is None:
             return Size(self._shape)
-        return self._shape[normalize_dim(dim, len(self._shape))]
+        return self._shape[shapes.normalize_dim(dim, len(self._shape))]
 
     def stride(self, dim=None):
         if dim is None:
             return self._stride
-        return self._stride[normalize_dim(dim, len(self._shape))]
+        return self._stride[shapes.normalize_dim(dim, len(self._shape))]
 
     def storage_offset(self):
         return self._offset
@@ -162,14 +77,7 @@ class Tensor(TensorFields):
         return self._storage
 
     def is_contiguous(self):
-        if 0 in self._shape:
-            return True
-        expected = 1
-        for size, stride in zip(reversed(self._shape), reversed(self._stride)):
-            if size != 1 and stride != expected:
-                return False
-            expected *= size
-        return True
+        return shapes.is_contiguous(self._shape, self._stride)
 
     def is_pinned(self):
         """True when the storage is pinned host memory (see UntypedStorage.is_pinned); views of it are too."""
@@ -194,8 +102,8 @@ class Tensor(TensorFields):
     def view(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], dtypes.dtype):
             return self._view_as_dtype(shape[0])
-        shape = _infer_shape(_shape_arg(shape), self.numel())
-        stride = _view_strides(self._shape, self._stride, shape)
+        shape = shapes.infer_shape(shapes.shape_arg(shape), self.numel())
+        stride = shapes.view_strides(self._shape, self._stride, shape)
         if stride is None:
             raise RuntimeError("view size is not compatible with input tensor's size and stride (at least one "
                                "dimension spans across two contiguous subspaces). Use .reshape(...) instead.")
@@ -208,11 +116,11 @@ class Tensor(TensorFields):
         return Tensor(self._storage, self._shape, self._stride, self._offset, dtype)
 
     def reshape(self, *shape):
-        shape = _infer_shape(_shape_arg(shape), self.numel())
-        stride = _view_strides(self._shape, self._stride, shape)
+        shape = shapes.infer_shape(shapes.shape_arg(shape), self.numel())
+        stride = shapes.view_strides(self._shape, self._stride, shape)
         if stride is not None:
             return self._view(shape, stride)
-        return self.contiguous()._view(shape, contiguous_strides(shape))
+        return self.contiguous()._view(shape, shapes.contiguous_strides(shape))
 
     def view_as(self, other):
         return self.view(other._shape)
@@ -222,7 +130,7 @@ class Tensor(TensorFields):
 
     def transpose(self, dim0, dim1):
         n = len(self._shape)
-        dim0, dim1 = normalize_dim(dim0, n), normalize_dim(dim1, n)
+        dim0, dim1 = shapes.normalize_dim(dim0, n), shapes.normalize_dim(dim1, n)
         if n == 0:
             return self._view((), ())
         shape, stride = list(self._shape), list(self._stride)
@@ -242,62 +150,20 @@ class Tensor(TensorFields):
         return self.permute(*reversed(range(len(self._shape))))
 
     def permute(self, *dims):
-        dims = _shape_arg(dims)
-        n = len(self._shape)
-        if len(dims) != n:
-            raise RuntimeError(f"permute(sparse_coo): number of dimensions in the tensor input does not match the "
-                               f"length of the desired ordering of dimensions i.e. input.dim() = {n} is not equal "
-                               f"to len(dims) = {len(dims)}")
-        dims = [normalize_dim(d, n) for d in dims]
-        if len(set(dims)) != n:
-            raise RuntimeError("permute(): duplicate dims are not allowed.")
-        return self._view([self._shape[d] for d in dims], [self._stride[d] for d in dims])
+        return self._view(*shapes.permuted(self._shape, self._stride, shapes.shape_arg(dims)))
 
     def expand(self, *sizes):
-        sizes = _shape_arg(sizes)
-        n = len(self._shape)
-        if len(sizes) < n:
-            raise RuntimeError(f"expand: the number of sizes provided ({len(sizes)}) must be greater or equal to "
-                               f"the number of dimensions in the tensor ({n})")
-        shape, stride = [], []
-        lead = len(sizes) - n
-        for i, size in enumerate(sizes):
-            if i < lead:
-                if size < 0:
-                    raise RuntimeError(f"expand: -1 is not allowed in a leading, non-existing dimension ({i})")
-                shape.append(size)
-                stride.append(0)
-                continue
-            own, own_stride = self._shape[i - lead], self._stride[i - lead]
-            if size == -1:
-                size = own
-            if own == size:
-                shape.append(size)
-                stride.append(own_stride)
-            elif own == 1:
-                shape.append(size)
-                stride.append(0)
-            else:
-                raise RuntimeError(f"The expanded size of the tensor ({size}) must match the existing size ({own}) "
-                                   f"at non-singleton dimension {i}.  Target sizes: {list(sizes)}.  Tensor sizes: "
-                                   f"{list(self._shape)}")
-        return self._view(shape, stride)
+        return self._view(*shapes.expanded(self._shape, self._stride, shapes.shape_arg(sizes)))
 
     def expand_as(self, other):
         return self.expand(other._shape)
 
     def squeeze(self, dim=None):
-        n = len(self._shape)
-        if dim is None:
-            keep = [i for i in range(n) if self._shape[i] != 1]
-        else:
-            dims = {normalize_dim(d, n) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
-            keep = [i for i in range(n) if i not in dims or self._shape[i] != 1]
-        return self._view([self._shape[i] for i in keep], [self._stride[i] for i in keep])
+        return self._view(*shapes.squeezed(self._shape, self._stride, dim))
 
     def unsqueeze(self, dim):
         n = len(self._shape)
-        dim = normalize_dim(dim, n + 1)
+        dim = shapes.normalize_dim(dim, n + 1)
         inner = self._stride[dim] * self._shape[dim] if dim < n else 1
         return self._view(self._shape[:dim] + (1,) + self._shape[dim:],
                           self._stride[:dim] + (inner,) + self._stride[dim:])
@@ -306,7 +172,7 @@ class Tensor(TensorFields):
         n = len(self._shape)
         if n == 0:
             return self.reshape(1)
-        start, end = normalize_dim(start_dim, n), normalize_dim(end_dim, n)
+        start, end = shapes.normalize_dim(start_dim, n), shapes.normalize_dim(end_dim, n)
         if start > end:
             raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
         shape = self._shape[:start] + (math.prod(self._shape[start:end + 1]),) + self._shape[end + 1:]
@@ -316,7 +182,7 @@ class Tensor(TensorFields):
         n = len(self._shape)
         if n == 0:
             raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
-        dim = normalize_dim(dim, n)
+        dim = shapes.normalize_dim(dim, n)
         size = self._shape[dim]
         if start < 0:
             start += size
@@ -333,7 +199,7 @@ class Tensor(TensorFields):
         n = len(self._shape)
         if n == 0:
             raise IndexError("select() cannot be applied to a 0-dim tensor.")
-        dim = normalize_dim(dim, n)
+        dim = shapes.normalize_dim(dim, n)
         size = self._shape[dim]
         if not -size <= index < size:
             raise IndexError(f"index {index} is out of bounds for dimension {dim} with size {size}")
@@ -342,56 +208,12 @@ class Tensor(TensorFields):
                           self._offset + index * self._stride[dim])
 
     def __getitem__(self, index):
-        if not isinstance(index, tuple):
-            index = (index,)
-        specified = sum(1 for i in index if i is not None and i is not Ellipsis)
-        if sum(1 for i in index if i is Ellipsis) > 1:
-            raise IndexError("an index can only have a single ellipsis ('...')")
-        if specified > len(self._shape):
-            raise IndexError(f"too many indices for tensor of dimension {len(self._shape)}")
-        shape, stride, offset = [], [], self._offset
-        d = 0  # the dim of self the next index applies to
-        for item in index:
-            if item is None:
-                shape.append(1)
-                stride.append(self._stride[d] * self._shape[d] if d < len(self._shape) else 1)
-            elif item is Ellipsis:
-                skip = len(self._shape) - specified
-                shape.extend(self._shape[d:d + skip])
-                stride.extend(self._stride[d:d + skip])
-                d += skip
-            elif isinstance(item, slice):
-                size = self._shape[d]
-                start, stop, step = item.indices(size)
-                if step <= 0:
-                    raise ValueError("step must be greater than zero")
-                length = max(0, -(-(stop - start) // step))
-                if length:
-                    offset += start * self._stride[d]
-                shape.append(length)
-                stride.append(self._stride[d] * step)
-                d += 1
-            elif isinstance(item, (numbers.Integral, np.integer)) and not isinstance(item, bool) or (
-                    isinstance(item, Tensor) and item.dim() == 0 and not item.dtype.is_floating_point
-                    and item.dtype is not dtypes.bool_):
-                i = int(item)
-                size = self._shape[d]
-                if not -size <= i < size:
-                    raise IndexError(f"index {i} is out of bounds for dimension {d} with size {size}")
-                offset += (i % size) * self._stride[d]
-                d += 1
-            else:
-                raise IndexError(f"minitensor supports indexing with integers, slices, None and '...' (basic "
-                                 f"indexing); got {type(item).__name__}. Use index_select or gather for "
-                                 "tensor indices.")
-        shape.extend(self._shape[d:])
-        stride.extend(self._stride[d:])
-        return self._view(shape, stride, offset)
+        return self._view(*shapes.indexed(self._shape, self._stride, self._offset, index))
 
     def __setitem__(self, index, value):
         indexing.setitem(self, index, value)
 
-    # gather / index_select (indexing.py): bound as methods, so t.gather(dim, index) is one call
+    # gather / index_select (ops/indexing.py): bound as methods, so t.gather(dim, index) is one call
     gather = indexing.gather
     index_select = indexing.index_select
 
@@ -404,32 +226,21 @@ class Tensor(TensorFields):
     def contiguous(self):
         if self.is_contiguous():
             return self
-        out = Tensor._empty(self._shape, self.dtype, self.device)
-        ops.copy_(out, self)
+        out = empty(self._shape, self.dtype, self.device)
+        copy_(out, self)
         return out
 
     def clone(self):
         """A copy with the same strides when self is dense and non-overlapping (a permutation of a
         contiguous layout, like a transpose), else contiguous: torch's preserve_format."""
-        out = Tensor._empty(self._shape, self.dtype, self.device)
-        if not self.is_contiguous() and self._is_dense():
+        out = empty(self._shape, self.dtype, self.device)
+        if not self.is_contiguous() and shapes.is_dense(self._shape, self._stride):
             out = Tensor(out._storage, self._shape, self._stride, 0, self.dtype)
-        ops.copy_(out, self)
+        copy_(out, self)
         return out
 
-    def _is_dense(self):
-        """True when the layout is a permutation of a contiguous one: it covers exactly numel() elements
-        from offset 0, so a fresh buffer can take the same strides."""
-        dims = sorted((d for d in range(len(self._shape)) if self._shape[d] != 1), key=lambda d: self._stride[d])
-        expected = 1
-        for d in dims:
-            if self._stride[d] != expected:
-                return False
-            expected *= self._shape[d]
-        return True
-
     def copy_(self, src, non_blocking=False):
-        ops.copy_(self, src, non_blocking)
+        copy_(self, src, non_blocking)
         return self
 
     def pin_memory(self):
@@ -439,14 +250,13 @@ class Tensor(TensorFields):
             raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
         if self.is_pinned():
             return self
-        extent = 1 + sum((n - 1) * s for n, s in zip(self._shape, self._stride)) if self.numel() else 0
-        storage = UntypedStorage._pinned(extent * self.dtype.itemsize)
+        storage = UntypedStorage._pinned(shapes.extent(self._shape, self._stride) * self.dtype.itemsize)
         out = Tensor(storage, self._shape, self._stride, 0, self.dtype)
-        ops.copy_(out, self)
+        copy_(out, self)
         return out
 
     def fill_(self, value):
-        ops.fill_(self, value)
+        fill_(self, value)
         return self
 
     def zero_(self):
@@ -459,18 +269,17 @@ class Tensor(TensorFields):
         if device == self.device and dtype is self.dtype and not copy:
             return self
         if non_blocking and device.type == "cpu" and self.device.type == "cuda":
-            out = Tensor._empty_pinned(self._shape, dtype)  # as torch: so the copy can stay asynchronous
+            out = empty_pinned(self._shape, dtype)  # as torch: so the copy can stay asynchronous
         else:
-            out = Tensor._empty(self._shape, dtype, device)
-        ops.copy_(out, self, non_blocking)
+            out = empty(self._shape, dtype, device)
+        copy_(out, self, non_blocking)
         return out
 
     def cpu(self):
         return self.to(CPU)
 
     def cuda(self, device=None, non_blocking=False):
-        from . import cuda
-        return self.to(cuda._device(device), non_blocking=non_blocking)
+        return self.to(cuda_device(device), non_blocking=non_blocking)
 
     def type(self, dtype=None):
         if dtype is None:
@@ -496,30 +305,17 @@ class Tensor(TensorFields):
             return self.cpu().numpy()
         if self.dtype is dtypes.bfloat16:
             raise TypeError("Got unsupported ScalarType BFloat16")
-        return ops.numpy_view(self)
+        return numpy_view(self)
 
-    def __array__(self, dtype=None, copy=None):
-        from .interop import to_numpy_array
-        return to_numpy_array(self, dtype, copy)
-
-    # ------------------------------------------------------------------ interop (interop.py, dlpack.py)
-    @property
-    def __cuda_array_interface__(self):
-        from .interop import cuda_array_interface
-        return cuda_array_interface(self)
-
-    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
-        from .dlpack import to_dlpack
-        return to_dlpack(self, stream, max_version, dl_device, copy)
-
-    def __dlpack_device__(self):
-        from .dlpack import dlpack_device
-        return dlpack_device(self)
+    # ------------------------------------------------------------------ interop (minitensor/interop/)
+    __array__ = to_numpy_array
+    __dlpack__ = to_dlpack
+    __dlpack_device__ = dlpack_device
+    __cuda_array_interface__ = property(cuda_array_interface)
 
     def _host_values(self):
         """A numpy array of the values on the host; bfloat16 comes back as float32."""
-        t = self if self.device.type == "cpu" else self.cpu()
-        return ops.numpy_values(t)
+        return numpy_values(self if self.device.type == "cpu" else self.cpu())
 
     def tolist(self):
         return self._host_values().tolist()
@@ -552,8 +348,7 @@ class Tensor(TensorFields):
             raise TypeError("only integer tensors of a single element can be converted to an index")
         return int(self.item())
 
-    def __repr__(self):
-        return ops.format_tensor(self)
+    __repr__ = format_tensor
 
     def __reduce_ex__(self, protocol):
         """pickle and copy.deepcopy: this view of its storage. The storage goes through pickle's memo, so
@@ -582,39 +377,10 @@ class Tensor(TensorFields):
     def clamp_(self, min=None, max=None): return pointwise.clamp(self, min, max, out=self)
     clip, clip_ = clamp, clamp_
 
-    __add__ = pointwise.binary_method("add")
-    __radd__ = pointwise.binary_method("add", reflected=True)
-    __sub__ = pointwise.binary_method("sub")
-    __rsub__ = pointwise.binary_method("sub", reflected=True)
-    __mul__ = pointwise.binary_method("mul")
-    __rmul__ = pointwise.binary_method("mul", reflected=True)
-    __truediv__ = pointwise.binary_method("div")
-    __rtruediv__ = pointwise.binary_method("div", reflected=True)
-    __floordiv__ = pointwise.binary_method("floor_divide")
-    __rfloordiv__ = pointwise.binary_method("floor_divide", reflected=True)
-    __mod__ = pointwise.binary_method("remainder")
-    __rmod__ = pointwise.binary_method("remainder", reflected=True)
-    def __pow__(self, other): return pointwise.power(self, other)
-    __rpow__ = pointwise.binary_method("pow", reflected=True)
-    __and__ = pointwise.binary_method("bitwise_and")
-    __rand__ = pointwise.binary_method("bitwise_and", reflected=True)
-    __or__ = pointwise.binary_method("bitwise_or")
-    __ror__ = pointwise.binary_method("bitwise_or", reflected=True)
-    __xor__ = pointwise.binary_method("bitwise_xor")
-    __rxor__ = pointwise.binary_method("bitwise_xor", reflected=True)
+    # the arithmetic and bitwise operators (`+`, `+=`, reflected forms, `**`, ...) are set below from _OPERATORS
     __neg__ = pointwise.unary_method("neg")
     __abs__ = pointwise.unary_method("abs")
     __invert__ = pointwise.unary_method("bitwise_not")
-    def __iadd__(self, other): return pointwise.binary("add", self, other, out=self)
-    def __isub__(self, other): return pointwise.binary("sub", self, other, out=self)
-    def __imul__(self, other): return pointwise.binary("mul", self, other, out=self)
-    def __itruediv__(self, other): return pointwise.binary("div", self, other, out=self)
-    def __ifloordiv__(self, other): return pointwise.binary("floor_divide", self, other, out=self)
-    def __imod__(self, other): return pointwise.binary("remainder", self, other, out=self)
-    def __ipow__(self, other): return pointwise.power(self, other, out=self)
-    def __iand__(self, other): return pointwise.binary("bitwise_and", self, other, out=self)
-    def __ior__(self, other): return pointwise.binary("bitwise_or", self, other, out=self)
-    def __ixor__(self, other): return pointwise.binary("bitwise_xor", self, other, out=self)
 
     # Comparisons with a number or a tensor are elementwise; with anything else they are NotImplemented (so
     # `t == None` is False, as in torch), decided on the first, checked call of each signature.
@@ -626,14 +392,14 @@ class Tensor(TensorFields):
     __ge__ = pointwise.binary_method("ge", comparison=True)
     __hash__ = object.__hash__  # by identity, as torch: __eq__ is elementwise
 
-    # random numbers (random.py): bound as methods, so t.uniform_() is one call
+    # random numbers (ops/random.py): bound as methods, so t.uniform_() is one call
     uniform_ = random.uniform_
     normal_ = random.normal_
     bernoulli = random.bernoulli
     bernoulli_ = random.bernoulli_
     random_ = random.random_
 
-    # reductions and comparisons (reductions.py): bound as methods, so t.sum(dim) is one call
+    # reductions and comparisons (ops/reductions.py): bound as methods, so t.sum(dim) is one call
     sum = reductions.sum
     mean = reductions.mean
     max = reductions.max
@@ -645,8 +411,13 @@ class Tensor(TensorFields):
     allclose = reductions.allclose
 
 
+# operator -> op, for __op__, its reflected form __rop__ and its in-place form __iop__
+_OPERATORS = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "floordiv": "floor_divide",
+              "mod": "remainder", "pow": "pow", "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor"}
+
+
 def _add_pointwise_methods():
-    """Methods that are a named op and its in-place form (`t.mul(u)`, `t.mul_(u)`)."""
+    """The operators, and the methods that are a named op and its in-place form (`t.mul(u)`, `t.mul_(u)`)."""
     def binary_method(name, in_place):
         if name == "pow":
             return (lambda self, other: pointwise.power(self, other, out=self)) if in_place else pointwise.power
@@ -659,6 +430,10 @@ def _add_pointwise_methods():
             return lambda self: pointwise.unary(name, self, out=self)
         return pointwise.unary_method(name)
 
+    for operator, name in _OPERATORS.items():
+        setattr(Tensor, f"__{operator}__", binary_method(name, False))
+        setattr(Tensor, f"__r{operator}__", pointwise.binary_method(name, reflected=True))
+        setattr(Tensor, f"__i{operator}__", binary_method(name, True))
     for name in pointwise.BINARY_METHODS:
         setattr(Tensor, name, binary_method(name, False))
         setattr(Tensor, name + "_", binary_method(name, True))

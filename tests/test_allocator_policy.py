@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from minitensor.allocator import DeviceCachingAllocator, UncachedAllocator
 from minitensor.allocator import settings as alloc_settings
 from minitensor.allocator.sizes import format_size, round_size, segment_size
-from minitensor.errors import OutOfMemoryError
+from minitensor.base.errors import OutOfMemoryError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 S1, S2 = 0x1000, 0x2000  # two side streams; 0 is the default stream

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import minitensor as mt
-from minitensor import staging
+from minitensor.cuda import staging
 from helpers import run_python
 
 
@@ -262,7 +262,7 @@ PAIRS_SCRIPT = """
     import itertools, random
     import numpy as np
     import minitensor as mt
-    from minitensor import copies
+    from minitensor.cuda import transfer
 
     def values(t):
         return t.cpu().numpy()
@@ -309,7 +309,7 @@ PAIRS_SCRIPT = """
     check_ordering()
     driver = mt.backends.active_driver()
     driver.can_access_peer = lambda device, peer: False  # as devices that are not peers: staged
-    copies._peers.clear()
+    transfer._peers.clear()
     check_pairs()
     check_ordering()
     big = np.random.randint(0, 255, (9 << 20) + 5, dtype=np.uint8)

@@ -1,4 +1,4 @@
-"""The fields of Tensor and UntypedStorage (minitensor/fields.py): C base classes (_fields.c) where a C compiler
+"""The fields of Tensor and UntypedStorage (minitensor/core/fields.py): C base classes (_fields.c) where a C compiler
 is at hand, the same classes in Python where none is. Both must behave as the __slots__ classes they stand for,
 and a storage must give its block back however it goes."""
 import gc
@@ -6,13 +6,15 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import weakref
 
 import pytest
 
 import minitensor as mt
-from minitensor import fields
-from minitensor.storage import UntypedStorage
+from minitensor.core import fields
+from minitensor.core.storage import UntypedStorage
+from minitensor.cuda import streams
 from minitensor.tensor import Tensor
 
 DEV = "cuda"
@@ -69,6 +71,26 @@ def test_a_storage_in_a_reference_cycle_gives_its_block_back_when_collected():
     assert mt.cuda.memory_allocated() == before
 
 
+def test_the_fields_the_fast_paths_read():
+    """The hot path's field contract (docs/architecture.md): ops read these fields of tensors, storages, blocks
+    and the stream state directly, so each must mean what the contract says."""
+    t = mt.arange(12, dtype=mt.float32, device=DEV).view(3, 4)[1:, 1:]
+    assert (t._shape, t._stride, t._offset, t.dtype, t.device) == ((2, 3), (4, 1), 5, mt.float32, t._storage.device)
+    assert t._storage._block.ptr + t._offset * t.dtype.itemsize == t.data_ptr()
+    assert t._storage._allocator is mt.cuda.memory.allocator(t.device.index)
+    out = t + 1  # an op's output is born with its layout number
+    assert isinstance(out._layout, int) and out._storage._block.ptr == out.data_ptr()
+    in_new_thread = []
+    thread = threading.Thread(target=lambda: in_new_thread.append(streams._tls.handles))
+    thread.start()
+    thread.join()
+    assert in_new_thread == [None]  # every device on its default stream (handle 0)
+    side = mt.cuda.Stream()
+    with side:
+        assert streams._tls.handles[t.device.index] == side.cuda_stream == mt.cuda.current_stream().cuda_stream
+    assert streams._tls.handles[t.device.index] == 0
+
+
 def test_without_a_compiler_the_python_fields_do_the_same(tmp_path):
     """A fresh process with a compiler that always fails and nothing built yet: the Python fields are used,
     and tensors, views, storages and pinned memory behave as with the C ones (no kernel is needed: on the
@@ -77,7 +99,7 @@ def test_without_a_compiler_the_python_fields_do_the_same(tmp_path):
 import weakref
 import numpy as np
 import minitensor as mt
-from minitensor import fields
+from minitensor.core import fields
 assert not fields.NATIVE
 before = mt.cuda.memory_allocated()
 t = mt.empty(1000, device="cuda")

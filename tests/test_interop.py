@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import minitensor as mt
-from minitensor import dlpack
+from minitensor.interop import dlpack
 
 DEV = "cuda"
 ON_GPU = mt.cuda.backend() == "nvidia"

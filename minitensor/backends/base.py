@@ -31,14 +31,17 @@ class DeviceProperties:
 
 
 class Driver:
-    """Abstract driver. `nvidia.NvidiaDriver` and `sim.SimDriver` implement every method."""
+    """Abstract driver. `nvidia.NvidiaDriver` and `sim.SimDriver` implement every method but those a flag below
+    rules out for them; the allocator is tested against a fake one. Every method minitensor calls on a driver
+    is declared here (tests/test_architecture.py checks it)."""
 
     name = "abstract"
 
-    # devices
+    # devices; `current_device` is the calling thread's, device 0 until `set_device`
     def device_count(self): raise NotImplementedError
     def properties(self, device): raise NotImplementedError
     def mem_get_info(self, device): raise NotImplementedError
+    def current_device(self): raise NotImplementedError
     def set_device(self, device): raise NotImplementedError
     def synchronize(self, device): raise NotImplementedError
     def error_string(self, code): raise NotImplementedError
@@ -69,14 +72,20 @@ class Driver:
     def event_synchronize(self, event): raise NotImplementedError
     def event_elapsed_ms(self, start, end): raise NotImplementedError
 
-    # kernels: a GPU loads compiled binaries, the simulator interprets the @triton.jit function itself; either
-    # way the result is launch(grid_x, grid_y, grid_z, stream, *args), which enqueues one launch
+    # kernels: a GPU loads compiled binaries (`load_function` gives the raw function and context handles for
+    # minitensor's C launcher, kernels/_launch.c); the simulator interprets the @triton.jit function itself,
+    # `wrappers` turning each raw launch argument into what the interpreter takes. Either way a launch is
+    # launch(grid_x, grid_y, grid_z, stream, *args), which enqueues one kernel.
     interprets_kernels = False
-    def load_kernel(self, device, cubin, name, shared, num_warps, kinds): raise NotImplementedError
-    def interpret(self, device, kernel, signature, constexprs): raise NotImplementedError
+    def load_function(self, device, cubin, name, shared): raise NotImplementedError
+    def interpret(self, device, kernel, wrappers, constexprs): raise NotImplementedError
 
-    # test helpers behind mt.cuda.sleep and mt.cuda.Gate
+    # the stream waits behind mt.cuda.sleep and mt.cuda.Gate. A gate is a flag the host sets; with
+    # `host_waits` the driver's streams wait on the host (`sleep`, `gate_wait`), else minitensor launches spin
+    # kernels (kernels/timing.py) that read the gate's device address (`gate_device_pointer`)
+    host_waits = False
     def sleep(self, stream, ms): raise NotImplementedError
     def gate_create(self): raise NotImplementedError
     def gate_wait(self, gate, stream): raise NotImplementedError
+    def gate_device_pointer(self, gate): raise NotImplementedError
     def gate_open(self, gate): raise NotImplementedError

@@ -6,13 +6,12 @@ Compiled kernels are loaded with cuModuleLoadData and launched by minitensor's C
 so Triton's runtime driver, whose 3.6 version imports torch, is never used.
 """
 import ctypes
-import importlib
 import threading
 import uuid
 
 from cuda.bindings import driver as cu
 
-from ..errors import CudaError, OutOfMemoryError
+from ..base.errors import CudaError, OutOfMemoryError
 from .base import DeviceProperties, Driver, ThreadDevice
 
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
@@ -37,20 +36,27 @@ def _code_string(code):
         return f"CUresult {code}"
 
 
-def _raise_launch_error(code, kernel):
-    """Called by the C launcher when cuLaunchKernel fails."""
-    raise CudaError(code, f"{_code_string(code)} (launching {kernel})")
-
-
 def _error_string(err):
     e, s = cu.cuGetErrorString(err)
     return s.decode() if e == _SUCCESS and s else f"CUresult {int(err)}"
 
 
+def _query(function, handle):
+    """cuStreamQuery / cuEventQuery: True when done, False while work is pending."""
+    err = function(handle)[0]
+    if err == _NOT_READY:
+        return False
+    if err != _SUCCESS:
+        raise CudaError(int(err), _error_string(err))
+    return True
+
+
 class NvidiaDriver(Driver):
     name = "nvidia"
 
-    def __init__(self):
+    def __init__(self, prepare_first_op=None):
+        """`prepare_first_op`, when given, runs on a thread while the first context is created (~100 ms with
+        the GIL released), to load what the first op needs next."""
         _check(cu.cuInit(0))
         self._count = _check(cu.cuDeviceGetCount())
         if self._count == 0:
@@ -60,9 +66,7 @@ class NvidiaDriver(Driver):
         self._properties = [None] * self._count
         self._lock = threading.Lock()
         self._tls = ThreadDevice()
-        self._kernels = None  # minitensor.kernels.timing, loaded with the first sleep or gate
-        self._native = None  # the C launcher module, built or loaded with the first kernel
-        self._native_lock = threading.Lock()
+        self._prepare_first_op = prepare_first_op
 
     # ------------------------------------------------------------------ devices
     def device_count(self):
@@ -98,7 +102,7 @@ class NvidiaDriver(Driver):
         if ctx is None:
             with self._lock:
                 if self._contexts[device] is None:
-                    if not any(self._contexts):
+                    if not any(self._contexts) and self._prepare_first_op is not None:
                         threading.Thread(target=self._prepare_first_op, daemon=True,
                                          name="minitensor-first-op").start()
                     self._contexts[device] = _check(cu.cuDevicePrimaryCtxRetain(self._devices[device]))
@@ -180,12 +184,7 @@ class NvidiaDriver(Driver):
 
     def stream_query(self, stream):
         self.current_device()
-        err = cu.cuStreamQuery(stream)[0]
-        if err == _NOT_READY:
-            return False
-        if err != _SUCCESS:
-            raise CudaError(int(err), _error_string(err))
-        return True
+        return _query(cu.cuStreamQuery, stream)
 
     def stream_synchronize(self, stream):
         self.current_device()
@@ -211,12 +210,7 @@ class NvidiaDriver(Driver):
         _check(cu.cuEventRecord(event, stream))
 
     def event_query(self, event):
-        err = cu.cuEventQuery(event)[0]
-        if err == _NOT_READY:
-            return False
-        if err != _SUCCESS:
-            raise CudaError(int(err), _error_string(err))
-        return True
+        return _query(cu.cuEventQuery, event)
 
     def event_synchronize(self, event):
         _check(cu.cuEventSynchronize(event))
@@ -225,8 +219,8 @@ class NvidiaDriver(Driver):
         return float(_check(cu.cuEventElapsedTime(start, end)))
 
     # ------------------------------------------------------------------ kernels
-    def load_kernel(self, device, cubin, name, shared, num_warps, kinds):
-        """Load a compiled kernel into the device's context and return its launcher (see kernels/_launch.c)."""
+    def load_function(self, device, cubin, name, shared):
+        """Load a compiled kernel into the device's context: (function handle, context handle) as ints."""
         self.set_device(device)
         module = _check(cu.cuModuleLoadData(cubin))
         function = _check(cu.cuModuleGetFunction(module, name.encode()))
@@ -238,48 +232,18 @@ class NvidiaDriver(Driver):
             _check(cu.cuFuncSetCacheConfig(function, cu.CUfunc_cache.CU_FUNC_CACHE_PREFER_SHARED))
             _check(cu.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                          optin - static))
-        return self._launcher_module().Launcher(int(function), int(self._contexts[device]), 32 * num_warps, shared,
-                                                kinds.encode(), name)
+        return int(function), int(self._contexts[device])
 
-    def _launcher_module(self):
-        if self._native is None:
-            with self._native_lock:
-                if self._native is None:
-                    from ..kernels import native
-                    module = native.load()
-                    module.init(_raise_launch_error)
-                    self._native = module
-        return self._native
-
-    def _prepare_first_op(self):
-        """Run while the first context is created (~100 ms, the GIL released): load what the first op needs
-        next, the C launcher and the allocator's modules."""
-        try:
-            self._launcher_module()
-            importlib.import_module("minitensor.allocator")
-        except Exception:  # the first op loads them again itself, and reports what fails
-            pass
-
-    # ------------------------------------------------------------------ test helpers
-    def _timing_kernels(self):
-        if self._kernels is None:
-            from ..kernels import timing
-            self._kernels = timing
-        return self._kernels
-
-    def sleep(self, stream, ms):
-        self._timing_kernels().spin_sleep(stream, int(ms * 1e6))
-
+    # ------------------------------------------------------------------ gates (spin kernels wait on them)
     def gate_create(self):
-        # The flag is never freed: a spin kernel may read it after the host opens the gate, and it is 8
-        # bytes per gate of a test helper.
+        """An int32 flag in mapped pinned memory: (host address, device address). It is never freed: a spin
+        kernel may read it after the host opens the gate, and it is 8 bytes per gate of a test helper."""
         host = self.host_alloc(8)
         ctypes.c_int32.from_address(host).value = 0
-        device_ptr = int(_check(cu.cuMemHostGetDevicePointer(host, 0)))
-        return host, device_ptr
+        return host, int(_check(cu.cuMemHostGetDevicePointer(host, 0)))
 
-    def gate_wait(self, gate, stream):
-        self._timing_kernels().spin_on_flag(stream, gate[1])
+    def gate_device_pointer(self, gate):
+        return gate[1]
 
     def gate_open(self, gate):
         ctypes.c_int32.from_address(gate[0]).value = 1

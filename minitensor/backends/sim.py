@@ -14,12 +14,12 @@ import hashlib
 import mmap
 import os
 import threading
-
-import numpy as np
 import time
 import uuid
 
-from ..errors import CudaError, OutOfMemoryError
+import numpy as np
+
+from ..base.errors import CudaError, OutOfMemoryError
 from .base import DeviceProperties, Driver, ThreadDevice
 
 _ALIGNMENT = 512
@@ -177,6 +177,7 @@ class _Event:
 class SimDriver(Driver):
     name = "sim"
     interprets_kernels = True
+    host_waits = True  # a stream is a host thread: it can sleep, or wait for a gate, itself
 
     def __init__(self):
         count = int(os.environ.get("MINITENSOR_SIM_DEVICES", "1"))
@@ -415,19 +416,18 @@ class SimDriver(Driver):
         return (b.mark.time - a.mark.time) * 1000.0
 
     # ------------------------------------------------------------------ kernels
-    def interpret(self, device, kernel, signature, constexprs):
-        """`kernel` is the interpreted form of a @triton.jit function (see kernels.compat).
+    def interpret(self, device, kernel, wrappers, constexprs):
+        """`kernel` is the interpreted form of a @triton.jit function, `wrappers` turn raw launch arguments into
+        what the interpreter takes (both from kernels.compat), `constexprs` are the constexpr values.
 
         Like loading a module on a GPU (cuModuleLoadData), this first waits for the device to go idle, so that
         a test which first uses a kernel behind a `sleep` sees the same delay on both backends."""
         for s in self._device_streams(device):
             s.wait()
-        from ..kernels import compat
-        wrap = compat.interpreter_arg_wrappers(signature)
-        tail = list(constexprs.values())
+        tail = list(constexprs)
 
         def launch(gx, gy, gz, stream, *args):
-            args = [w(a) for w, a in zip(wrap, args)] + tail
+            args = [w(a) for w, a in zip(wrappers, args)] + tail
 
             def run():
                 with _INTERPRETER_LOCK, np.errstate(all="ignore"):  # a GPU computes inf and nan silently

@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 
+from ..allocator import HostCachingAllocator, settings as allocator_settings
 from ..backends import active_driver
 
 __all__ = ["host_empty_cache", "host_memory_stats", "host_register", "host_unregister",
@@ -21,10 +22,9 @@ def allocator():
     """The host caching allocator, created on first use with the current allocator settings."""
     global _allocator
     if _allocator is None:
-        from minitensor.allocator import HostCachingAllocator, settings
         with _lock:
             if _allocator is None:
-                _allocator = HostCachingAllocator(active_driver(), settings.current())
+                _allocator = HostCachingAllocator(active_driver(), allocator_settings.current())
     return _allocator
 
 
@@ -68,10 +68,9 @@ def host_empty_cache():
 
 # ---------------------------------------------------------------------------- registering existing memory
 def _cpu_storage(obj, what):
-    from ..storage import UntypedStorage
-    from ..tensor import Tensor
-    storage = obj.untyped_storage() if isinstance(obj, Tensor) else obj
-    if not isinstance(storage, UntypedStorage):
+    """The storage of a tensor, or a storage itself (read through their methods: this layer is below both)."""
+    storage = obj.untyped_storage() if hasattr(obj, "untyped_storage") else obj
+    if not all(hasattr(storage, name) for name in ("data_ptr", "nbytes", "is_pinned", "device")):
         raise TypeError(f"{what}() expects a CPU Tensor or UntypedStorage, got {type(obj).__name__}")
     if storage.device.type != "cpu":
         raise ValueError(f"{what}() expects CPU memory, got a tensor on {storage.device}")

@@ -8,7 +8,10 @@ import os
 import threading
 import warnings
 
+from ..allocator import DeviceCachingAllocator, UncachedAllocator, settings as allocator_settings
 from ..backends import active_driver
+from . import host_memory
+from .devices import device as device_context, index_of, mem_get_info
 from .streams import current_stream_handle
 
 __all__ = ["caching_allocator_alloc", "caching_allocator_delete", "empty_cache", "get_per_process_memory_fraction",
@@ -27,21 +30,19 @@ def allocator(index):
     global _only
     a = _allocators.get(index)
     if a is None:
-        from minitensor.allocator import DeviceCachingAllocator, UncachedAllocator, settings
         with _lock:
             a = _allocators.get(index)
             if a is None:
                 cls = UncachedAllocator if os.environ.get("MINITENSOR_NO_CACHING") == "1" else DeviceCachingAllocator
                 driver = active_driver()
-                a = _allocators[index] = cls(driver, index, _checked(settings.current()))
+                a = _allocators[index] = cls(driver, index, _checked(allocator_settings.current()))
                 if driver.device_count() == 1:
                     _only = a
     return a
 
 
 def _allocator_of(device):
-    from . import _index
-    return allocator(_index(device))
+    return allocator(index_of(device))
 
 
 # ---------------------------------------------------------------------------- raw allocations
@@ -55,8 +56,7 @@ def caching_allocator_alloc(size, device=None, stream=None):
             index = active_driver().current_device()
             block = allocator(index).alloc(size, current_stream_handle(index))
     else:
-        from . import _index, device as device_context
-        index = _index(device)
+        index = index_of(device)
         if stream is None:
             stream = current_stream_handle(index)
         elif not isinstance(stream, int):
@@ -122,11 +122,6 @@ def memory_snapshot():
     return [segment for index in sorted(_allocators) for segment in _allocators[index].snapshot()]
 
 
-def mem_get_info(device=None):
-    from . import mem_get_info as info
-    return info(device)
-
-
 # ---------------------------------------------------------------------------- cache and limits
 def empty_cache():
     """Wait for blocks other streams still use, then give every unsplit cached segment back to the driver."""
@@ -140,8 +135,7 @@ def set_per_process_memory_fraction(fraction, device=None):
         raise TypeError("Invalid type for fraction argument, must be `float`")
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
-    from . import _index
-    index = _index(device)
+    index = index_of(device)
     allocator(index).set_memory_fraction(fraction, active_driver().properties(index).total_memory)
 
 
@@ -151,11 +145,9 @@ def get_per_process_memory_fraction(device=None):
 
 def set_allocator_settings(settings):
     """Apply a torch-style settings string, e.g. "max_split_size_mb:128,garbage_collection_threshold:0.8"."""
-    from minitensor.allocator import settings as allocator_settings
     new = _checked(allocator_settings.update(settings))
     for a in list(_allocators.values()):
         a.configure(new)
-    from . import host_memory
     host_memory.configure(new)
 
 

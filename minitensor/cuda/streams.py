@@ -8,6 +8,8 @@ import itertools
 import threading
 
 from ..backends import active_driver
+from .device_errors import raise_pending
+from .devices import cuda_device, current_device, index_of, set_device
 
 _POOL_SIZE = 32
 
@@ -63,9 +65,8 @@ class Stream:
     __slots__ = ("device", "cuda_stream", "priority", "_saved")
 
     def __init__(self, device=None, priority=0, _handle=None):
-        from . import _DEVICES, _check_index, _index
-        index = _check_index(_index(device))
-        self.device = _DEVICES[index]
+        self.device = cuda_device(device)
+        index = self.device.index
         self.priority = priority
         self.cuda_stream = _pooled_handle(index, priority) if _handle is None else _handle
         self._saved = None
@@ -79,9 +80,8 @@ class Stream:
         return self._on_device(_driver().stream_query, self.cuda_stream)
 
     def synchronize(self):
-        from . import raise_device_errors
         self._on_device(_driver().stream_synchronize, self.cuda_stream)
-        raise_device_errors(self.device.index)
+        raise_pending(self.device.index)
 
     def wait_event(self, event):
         """Make future work on this stream wait for the event's last record."""
@@ -98,7 +98,6 @@ class Stream:
 
     def _on_device(self, fn, *args):
         """Run a driver call with this stream's device current (handle 0 means that device's default)."""
-        from . import current_device, set_device
         previous = current_device()
         if previous == self.device.index:
             return fn(*args)
@@ -121,14 +120,12 @@ class Stream:
         return f"<minitensor.cuda.Stream device={self.device} cuda_stream={self.cuda_stream:#x}>"
 
     def __enter__(self):
-        from . import current_device, set_device
         self._saved = (current_device(), current_stream(self.device))
         set_device(self.device.index)
         set_stream(self)
         return self
 
     def __exit__(self, *exc):
-        from . import set_device
         device, previous = self._saved
         self._saved = None
         set_stream(previous)
@@ -146,14 +143,12 @@ class ExternalStream(Stream):
 
 
 def current_stream(device=None):
-    from . import _index
-    index = _index(device)
+    index = index_of(device)
     return Stream(index, _handle=_current_handles()[index])
 
 
 def default_stream(device=None):
-    from . import _index
-    return Stream(_index(device), _handle=0)
+    return Stream(index_of(device), _handle=0)
 
 
 def set_stream(s):
@@ -209,9 +204,8 @@ class Event:
 
     def synchronize(self):
         if self._handle is not None:
-            from . import raise_device_errors
             _driver().event_synchronize(self._handle)
-            raise_device_errors(self._device.index)
+            raise_pending(self._device.index)
 
     def wait(self, stream=None):
         (current_stream() if stream is None else stream).wait_event(self)

@@ -1,0 +1,230 @@
+"""Shape and stride arithmetic, with torch's rules and error messages: what a view, a broadcast or a basic
+index makes of (shape, strides, offset). Pure functions of tuples, shared by the Tensor class and the ops below
+it; strides and offsets count elements."""
+import functools
+import math
+import numbers
+
+import numpy as np
+
+from ..base.dtypes import INT
+from .fields import TensorFields
+
+
+@functools.lru_cache(maxsize=4096)
+def contiguous_strides(shape):
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def normalize_dim(dim, ndim):
+    """Wrap a possibly negative dim, with torch's IndexError for one out of range."""
+    bound = max(ndim, 1)
+    if not -bound <= dim < bound:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], "
+                         f"but got {dim})")
+    return dim % bound
+
+
+def shape_arg(size):
+    """Accept f(2, 3), f((2, 3)) and f([2, 3])."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = size[0]
+    return tuple(map(int, size))
+
+
+def is_contiguous(shape, stride):
+    if 0 in shape:
+        return True
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride)):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def is_dense(shape, stride):
+    """True when the layout is a permutation of a contiguous one: it covers exactly numel elements from offset 0,
+    so a fresh buffer can take the same strides."""
+    dims = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: stride[d])
+    expected = 1
+    for d in dims:
+        if stride[d] != expected:
+            return False
+        expected *= shape[d]
+    return True
+
+
+def extent(shape, stride):
+    """Elements from the first to one past the last (non-negative strides); 0 when empty."""
+    if 0 in shape:
+        return 0
+    return sum((n - 1) * s for n, s in zip(shape, stride)) + 1
+
+
+def infer_shape(shape, numel):
+    """Resolve one -1 in a requested shape against `numel`, with torch's errors."""
+    shape = tuple(int(s) for s in shape)
+    if shape.count(-1) > 1:
+        raise RuntimeError("only one dimension can be inferred")
+    known = math.prod(s for s in shape if s != -1)
+    if any(s < -1 for s in shape):
+        raise RuntimeError(f"invalid shape dimension {min(shape)}")
+    if -1 in shape:
+        if known == 0 or numel % known:
+            raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
+        shape = tuple(numel // known if s == -1 else s for s in shape)
+    elif known != numel:
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
+    return shape
+
+
+def view_strides(shape, stride, new_shape):
+    """Strides for viewing (shape, stride) as new_shape without copying, or None (torch's computeStride)."""
+    numel = math.prod(shape)
+    if numel <= 1:
+        return contiguous_strides(new_shape)
+    new_stride = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base_stride = stride[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and stride[d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_stride[view_d] = view_numel * chunk_base_stride
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base_stride = stride[d - 1]
+                tensor_numel = view_numel = 1
+    return tuple(new_stride) if view_d == -1 else None
+
+
+def broadcast_shapes(*shapes):
+    ndim = max((len(s) for s in shapes), default=0)
+    result = [1] * ndim
+    for shape in shapes:
+        for i, size in enumerate(shape, ndim - len(shape)):
+            if size != 1:
+                if result[i] not in (1, size):
+                    raise RuntimeError(f"The size of tensor a ({result[i]}) must match the size of tensor b "
+                                       f"({size}) at non-singleton dimension {i}")
+                result[i] = size
+            elif result[i] == 1:
+                result[i] = size
+    return tuple(result)
+
+
+def expanded(shape, stride, sizes):
+    """(shape, stride) of `expand(*sizes)`: size-1 dims and new leading dims get stride 0; -1 keeps a size."""
+    n = len(shape)
+    if len(sizes) < n:
+        raise RuntimeError(f"expand: the number of sizes provided ({len(sizes)}) must be greater or equal to "
+                           f"the number of dimensions in the tensor ({n})")
+    new_shape, new_stride = [], []
+    lead = len(sizes) - n
+    for i, size in enumerate(sizes):
+        if i < lead:
+            if size < 0:
+                raise RuntimeError(f"expand: -1 is not allowed in a leading, non-existing dimension ({i})")
+            new_shape.append(size)
+            new_stride.append(0)
+            continue
+        own, own_stride = shape[i - lead], stride[i - lead]
+        if size == -1:
+            size = own
+        if own == size:
+            new_shape.append(size)
+            new_stride.append(own_stride)
+        elif own == 1:
+            new_shape.append(size)
+            new_stride.append(0)
+        else:
+            raise RuntimeError(f"The expanded size of the tensor ({size}) must match the existing size ({own}) "
+                               f"at non-singleton dimension {i}.  Target sizes: {list(sizes)}.  Tensor sizes: "
+                               f"{list(shape)}")
+    return tuple(new_shape), tuple(new_stride)
+
+
+def permuted(shape, stride, dims):
+    """(shape, stride) with the dims reordered as `dims` lists them."""
+    n = len(shape)
+    if len(dims) != n:
+        raise RuntimeError(f"permute(sparse_coo): number of dimensions in the tensor input does not match the "
+                           f"length of the desired ordering of dimensions i.e. input.dim() = {n} is not equal "
+                           f"to len(dims) = {len(dims)}")
+    dims = [normalize_dim(d, n) for d in dims]
+    if len(set(dims)) != n:
+        raise RuntimeError("permute(): duplicate dims are not allowed.")
+    return tuple(shape[d] for d in dims), tuple(stride[d] for d in dims)
+
+
+def squeezed(shape, stride, dim):
+    """(shape, stride) without the size-1 dims among `dim` (an int or a sequence; None: all of them)."""
+    n = len(shape)
+    if dim is None:
+        keep = [i for i in range(n) if shape[i] != 1]
+    else:
+        dims = {normalize_dim(d, n) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
+        keep = [i for i in range(n) if i not in dims or shape[i] != 1]
+    return tuple(shape[i] for i in keep), tuple(stride[i] for i in keep)
+
+
+def indexed(shape, stride, offset, index):
+    """(shape, stride, offset) of the view `t[index]` for basic indexing: ints, slices, None and '...'."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    specified = sum(1 for i in index if i is not None and i is not Ellipsis)
+    if sum(1 for i in index if i is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if specified > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+    new_shape, new_stride = [], []
+    d = 0  # the dim the next index applies to
+    for item in index:
+        if item is None:
+            new_shape.append(1)
+            new_stride.append(stride[d] * shape[d] if d < len(shape) else 1)
+        elif item is Ellipsis:
+            skip = len(shape) - specified
+            new_shape.extend(shape[d:d + skip])
+            new_stride.extend(stride[d:d + skip])
+            d += skip
+        elif isinstance(item, slice):
+            start, stop, step = item.indices(shape[d])
+            if step <= 0:
+                raise ValueError("step must be greater than zero")
+            length = max(0, -(-(stop - start) // step))
+            if length:
+                offset += start * stride[d]
+            new_shape.append(length)
+            new_stride.append(stride[d] * step)
+            d += 1
+        elif _is_integer(item):
+            i = int(item)
+            size = shape[d]
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for dimension {d} with size {size}")
+            offset += (i % size) * stride[d]
+            d += 1
+        else:
+            raise IndexError(f"minitensor supports indexing with integers, slices, None and '...' (basic "
+                             f"indexing); got {type(item).__name__}. Use index_select or gather for "
+                             "tensor indices.")
+    new_shape.extend(shape[d:])
+    new_stride.extend(stride[d:])
+    return tuple(new_shape), tuple(new_stride), offset
+
+
+def _is_integer(item):
+    """An int index: a Python or numpy integer (not a bool), or a 0-d integer tensor."""
+    if isinstance(item, (numbers.Integral, np.integer)):
+        return not isinstance(item, bool)
+    return isinstance(item, TensorFields) and item.dim() == 0 and item.dtype.category == INT

@@ -1,0 +1,107 @@
+"""`copy_` (dst[...] = src, broadcast and cast, between any two devices) and `fill_`, with torch's rules
+(aten/src/ATen/native/cuda/Copy.cu).
+
+- On one device: a kernel (cuda) or numpy (CPU). torch refuses a copy between dense views that partly share
+  memory: the result would depend on the order elements run in.
+- Between devices the bytes move through cuda/transfer.py: blocking by default (on return, a copy to the host
+  is complete and a copy from the host has consumed its source); with non_blocking=True and pinned host memory
+  (pin_memory, host_register) the transfer is queued on the cuda device's current stream and the call returns
+  at once.
+- Casts and broadcasts run on a cuda device when non_blocking (so nothing waits on the host), else on the side
+  where the data is smaller; non-contiguous tensors go through a contiguous temporary on their own device.
+"""
+import numpy as np
+
+from ..base.device import CPU
+from ..core import fields
+from ..core.alloc import empty
+from ..core.host_arrays import numpy_values, numpy_view, scalar_for, to_storage_values
+from ..core.shapes import broadcast_shapes, expanded
+from ..cuda import transfer
+from ..cuda.streams import current_stream_handle
+from .runs import kernels
+
+
+def fill_(t, value):
+    if isinstance(value, fields.TensorFields):
+        if value.dim() != 0:
+            raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with "
+                               f"{value.dim()} dimensions.")
+        value = value.item()
+    value = scalar_for(t.dtype, value)
+    if t.device.type == "cpu":
+        numpy_view(t)[...] = to_storage_values(np.array(value), t.dtype)
+    elif 0 not in t._shape:
+        plan = kernels().plans.fill_plan(t.dtype, t._shape, t._stride, t.device.index)
+        plan.run(current_stream_handle(t.device.index), (t.data_ptr(),), (value,))
+
+
+def copy_(dst, src, non_blocking=False):
+    """dst[...] = src, broadcasting src and casting to dst's dtype, between any two devices."""
+    if not isinstance(src, fields.TensorFields):
+        raise TypeError(f"copy_(): argument 'src' must be a Tensor, not {type(src).__name__}")
+    if broadcast_shapes(dst._shape, src._shape) != dst._shape:
+        raise RuntimeError(f"output with shape {list(dst._shape)} doesn't match the broadcast shape "
+                           f"{list(broadcast_shapes(dst._shape, src._shape))}")
+    if dst.numel() == 0:
+        return
+    _check_no_partial_overlap(dst, src)
+    if src.device != dst.device:
+        _copy_across(dst, src, non_blocking)
+    elif dst.device.type == "cpu":
+        numpy_view(dst)[...] = to_storage_values(numpy_values(src.expand(dst._shape)), dst.dtype)
+    else:
+        src_stride = expanded(src._shape, src._stride, dst._shape)[1]
+        plan = kernels().plans.copy_plan(src.dtype, dst.dtype, dst._shape, src_stride, dst._stride, dst.device.index)
+        plan.run(current_stream_handle(dst.device.index), (src.data_ptr(), dst.data_ptr()), ())
+
+
+def _check_no_partial_overlap(dst, src):
+    """The same memory read and written in place is fine; dense views that partly overlap are not."""
+    if dst._storage is not src._storage or not (dst.is_contiguous() and src.is_contiguous()):
+        return
+    d0, s0 = dst._offset * dst.dtype.itemsize, src._offset * src.dtype.itemsize
+    d1, s1 = d0 + dst.numel() * dst.dtype.itemsize, s0 + src.numel() * src.dtype.itemsize
+    if d0 < s1 and s0 < d1 and (d0, d1, dst.dtype.itemsize) != (s0, s1, src.dtype.itemsize):
+        raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor "
+                           "refer to a single memory location. Please clone() the tensor before performing the "
+                           "operation.")
+
+
+# ---------------------------------------------------------------------------------------------- across devices
+def _copy_across(dst, src, non_blocking):
+    """dst[...] = src for tensors on different devices (dst not empty, src broadcastable to it)."""
+    if src.device.type == "cpu":
+        if not non_blocking and dst.dtype.itemsize < src.dtype.itemsize:
+            src = src.to(dst.dtype)  # fewer bytes to move, and the host waits anyway
+        asynchronous = non_blocking
+    elif dst.device.type == "cpu":
+        if non_blocking and dst.is_contiguous() and dst._storage.is_pinned():
+            src = _on_device_as(src, dst._shape, dst.dtype)  # then one asynchronous transfer into dst
+        elif src.dtype is not dst.dtype and (non_blocking or dst.dtype.itemsize < src.dtype.itemsize):
+            src = src.to(dst.dtype)
+        asynchronous = None  # decided below: only a transfer straight into dst may be left running
+    else:
+        if dst.dtype.itemsize < src.dtype.itemsize:
+            src = src.to(dst.dtype)  # on the source device: fewer bytes to move
+        asynchronous = False  # ordered on both devices' streams, never waited for on the host
+    src = src.contiguous()  # a pinned source stays itself when it is contiguous
+    receives = dst.dtype is src.dtype and dst._shape == src._shape and dst.is_contiguous()
+    target = dst if receives else empty(src._shape, src.dtype, dst.device)
+    if asynchronous is None:
+        asynchronous = non_blocking and receives
+    host = src if src.device.type == "cpu" else target
+    transfer.copy_bytes(target.data_ptr(), target.device.index, src.data_ptr(), src.device.index,
+                        src.numel() * src.dtype.itemsize, asynchronous, host._storage.is_pinned(),
+                        host._storage._block)
+    if target is not dst:
+        copy_(dst, target)  # on dst's device: broadcast, cast, strides
+
+
+def _on_device_as(src, shape, dtype):
+    """src broadcast to `shape` and cast to `dtype`, contiguous, on its device (one kernel at most)."""
+    if src._shape == shape and src.dtype is dtype and src.is_contiguous():
+        return src
+    out = empty(shape, dtype, src.device)
+    copy_(out, src)
+    return out

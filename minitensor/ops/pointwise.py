@@ -1,0 +1,352 @@
+"""Pointwise ops (unary, binary, where, clamp) with broadcasting, Python scalars, torch's type promotion
+and `out=`; in-place forms are the same ops with out=self.
+
+Each call's checks and typing run once per signature: the operands' dtypes, shapes, strides and devices
+(or, for a Python number, its type). The result is a `run` function (runs.py) kept in `_runs`, so a repeated
+call is one dict lookup, an allocation and one kernel launch. cuda tensors run Triton kernels
+(kernels/plans.py); CPU tensors run numpy, in the same compute types.
+"""
+import numpy as np
+
+from ..base import dtypes
+from ..core import fields
+from ..core.alloc import empty
+from ..core.host_arrays import numpy_values, numpy_view, to_storage_values
+from ..core.layout import layout_of
+from ..core.shapes import broadcast_shapes
+from .runs import cuda_run
+from .typing import (check_cast, check_out_shape, common_device, compute_type, not_implemented, operand_value,
+                     result_type)
+
+
+# name -> kernel op code (kernels/elementwise.py `_binary_op`) and numpy function
+_BINARY = {
+    "add": (0, np.add), "sub": (1, np.subtract), "mul": (2, np.multiply), "div": (3, np.true_divide),
+    "bitwise_or": (4, np.bitwise_or), "bitwise_and": (5, np.bitwise_and), "bitwise_xor": (6, np.bitwise_xor),
+    "floor_divide": (7, np.floor_divide), "remainder": (8, np.remainder), "pow": (9, None),
+    "maximum": (10, np.maximum), "minimum": (11, np.minimum),
+    "eq": (12, np.equal), "ne": (13, np.not_equal), "lt": (14, np.less), "le": (15, np.less_equal),
+    "gt": (16, np.greater), "ge": (17, np.greater_equal),
+}
+_COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge"}
+_BITWISE = {"bitwise_or", "bitwise_and", "bitwise_xor"}
+_BOOL_FORMS = {"add": "bitwise_or", "mul": "bitwise_and", "maximum": "bitwise_or", "minimum": "bitwise_and"}
+
+# name -> kernel op code (`_unary_op`) and numpy function
+_UNARY = {
+    "neg": (0, np.negative), "abs": (1, np.abs), "exp": (2, np.exp), "log": (3, np.log), "sqrt": (4, np.sqrt),
+    "rsqrt": (5, lambda x: 1 / np.sqrt(x)), "sin": (6, np.sin), "cos": (7, np.cos), "tanh": (8, np.tanh),
+    "sigmoid": (9, lambda x: 1 / (1 + np.exp(-x))), "relu": (10, lambda x: np.where(x < 0, x.dtype.type(0), x)),
+    "floor": (11, np.floor), "ceil": (12, np.ceil), "round": (13, np.rint), "bitwise_not": (14, np.invert),
+    "logical_not": (15, np.logical_not),
+}
+_FLOAT_FUNCTIONS = {"exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid"}
+_WHERE, _CLAMP = 0, 1
+
+# Named forms: Tensor methods with their in-place twins (tensor.py) and mt.* functions with out= (FUNCTIONS).
+BINARY_METHODS = ("mul", "div", "floor_divide", "remainder", "pow", "maximum", "minimum", "bitwise_and",
+                  "bitwise_or", "bitwise_xor", "eq", "ne", "lt", "le", "gt", "ge")
+UNARY_METHODS = tuple(name for name in _UNARY if name != "logical_not")
+ALIASES = {"multiply": "mul", "divide": "div", "true_divide": "div", "greater": "gt", "less": "lt",
+           "greater_equal": "ge", "less_equal": "le", "not_equal": "ne", "negative": "neg", "absolute": "abs"}
+
+_runs = {}  # signature -> run(*operands, out) for cuda ops already checked once
+
+
+def _key(x):
+    """What an operand contributes to an op's signature: its layout number for a tensor (layout.py), its
+    type for a number."""
+    if type(x) is fields.Tensor:
+        return x._layout or layout_of(x)
+    return type(x)
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+def binary(name, a, b, out=None, alpha=1, comparison=False):
+    """`a (op) b`; into `out` when given (the in-place forms pass out=a). `comparison`: called as a comparison
+    operator, which answers NotImplemented for an operand that is neither a tensor nor a number."""
+    if alpha == 1:
+        Tensor = fields.Tensor  # the signature, as _key builds it, inline: this is the hottest path
+        key = (name, (a._layout or layout_of(a)) if type(a) is Tensor else type(a),
+               (b._layout or layout_of(b)) if type(b) is Tensor else type(b),
+               None if out is None else out._layout or layout_of(out))
+        run = _runs.get(key)
+        if run is not None:
+            return run(a, b, out)
+    else:
+        key = None
+        b = _apply_alpha(b, alpha, a)
+    Tensor = fields.Tensor
+    if comparison and not isinstance(b, (Tensor, bool, int, float, np.generic)):
+        return NotImplemented
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        raise TypeError(f"{name}(): expected at least one Tensor operand")
+    a, b = operand_value(a), operand_value(b)
+    if out is not None:  # torch checks devices, the shape, the cast, then whether the op supports the dtype
+        common_device([x for x in (a, b) if isinstance(x, Tensor)], out)
+        check_out_shape((a, b), out)
+    op, result, compute, out_dtype = _binary_types(name, a, b, out)
+    return _dispatch(key, ("binary", op), (a, b), result, compute, out_dtype, out)
+
+
+def binary_method(name, reflected=False, comparison=False):
+    """A Tensor method for `name` (`__add__`, `__radd__`, `t.mul(u)`, ...): `binary`'s signature lookup inline,
+    one call less on the hottest path; `reflected` for the `__r*__` forms, which compute `other (op) self`."""
+    get = _runs.get
+
+    def method(self, other):
+        Tensor = fields.Tensor
+        if type(self) is Tensor:
+            key_self = self._layout or layout_of(self)
+            key_other = (other._layout or layout_of(other)) if type(other) is Tensor else type(other)
+            run = get((name, key_other, key_self, None) if reflected else (name, key_self, key_other, None))
+            if run is not None:
+                return run(other, self, None) if reflected else run(self, other, None)
+        if reflected:
+            return binary(name, other, self, comparison=comparison)
+        return binary(name, self, other, comparison=comparison)
+    return method
+
+
+def unary_method(name):
+    """A Tensor method for `name` (`t.exp()`, `-t`): `unary`'s signature lookup inline."""
+    get = _runs.get
+
+    def method(self):
+        if type(self) is fields.Tensor:
+            run = get((name, self._layout or layout_of(self), None))
+            if run is not None:
+                return run(self, None)
+        return unary(name, self)
+    return method
+
+
+def power(a, b, out=None):
+    """`a ** b`: an integer exponent's sign matters to the checks, but not to the cached signature."""
+    if type(b) is int and b < 0 and isinstance(a, fields.Tensor) and not a.dtype.is_floating_point:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    return binary("pow", a, b, out)
+
+
+def add(input, other, *, alpha=1, out=None):
+    """mt.add: input + alpha * other."""
+    return binary("add", input, other, out=out, alpha=alpha)
+
+
+def sub(input, other, *, alpha=1, out=None):
+    """mt.sub: input - alpha * other."""
+    return binary("sub", input, other, out=out, alpha=alpha)
+
+
+def unary(name, x, out=None):
+    Tensor = fields.Tensor
+    key = (name, (x._layout or layout_of(x)) if type(x) is Tensor else type(x),
+           None if out is None else out._layout or layout_of(out))
+    run = _runs.get(key)
+    if run is not None:
+        return run(x, out)
+    if not isinstance(x, fields.Tensor):
+        raise TypeError(f"{name}(): argument 'input' must be Tensor, not {type(x).__name__}")
+    op, result, compute = _unary_types(name, x.dtype)
+    return _dispatch(key, ("unary", op), (x,), result, compute, result, out)
+
+
+def where(condition, input, other, *, out=None):
+    """mt.where and Tensor.where: `input` where `condition` holds, else `other`."""
+    Tensor = fields.Tensor
+    key = ("where", (condition._layout or layout_of(condition)) if type(condition) is Tensor else type(condition),
+           (input._layout or layout_of(input)) if type(input) is Tensor else type(input),
+           (other._layout or layout_of(other)) if type(other) is Tensor else type(other),
+           None if out is None else out._layout or layout_of(out))
+    run = _runs.get(key)
+    if run is not None:
+        return run(condition, input, other, out)
+    if not isinstance(condition, Tensor):
+        raise TypeError(f"where(): argument 'condition' must be Tensor, not {type(condition).__name__}")
+    if condition.dtype is not dtypes.bool_:
+        raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype "
+                           f"{dtypes.TORCH_NAMES[condition.dtype.name]}")
+    input, other = operand_value(input), operand_value(other)
+    cuda_operand = next((x for x in (input, other, out) if isinstance(x, Tensor) and x.device.type == "cuda"), None)
+    if condition.device.type == "cpu" and condition.dim() == 0 and cuda_operand is not None:
+        condition, key = condition.to(cuda_operand.device), None  # as torch; not cached: it moves every call
+    result = result_type(input, other)
+    return _dispatch(key, ("ternary", _WHERE), (condition, input, other), result, compute_type(result), result, out)
+
+
+def clamp(input, min=None, max=None, *, out=None):
+    """mt.clamp and Tensor.clamp: `input` limited to [min, max] (either may be None, not both)."""
+    key = ("clamp", _key(input), _key(min), _key(max), None if out is None else _key(out))
+    run = _runs.get(key)
+    if run is not None:
+        return run(input, min, max, out)
+    if not isinstance(input, fields.Tensor):
+        raise TypeError(f"clamp(): argument 'input' must be Tensor, not {type(input).__name__}")
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    bounds = [operand_value(v) for v in (min, max) if v is not None]
+    result = result_type(input, *bounds)
+    if result is dtypes.bool_:
+        raise RuntimeError(not_implemented("clamp", input.device, dtypes.bool_))
+    return _dispatch(key, ("ternary", _CLAMP), (input, min, max), result, compute_type(result), result, out)
+
+
+# ---------------------------------------------------------------------------------------------- typing
+def _binary_types(name, a, b, out):
+    """(kernel op, result dtype, compute dtype, output dtype) of `a (name) b`, or torch's error."""
+    Tensor = fields.Tensor
+    result = result_type(a, b)
+    device = next(x.device for x in (a, b) if isinstance(x, Tensor))
+    bools = [isinstance(x, bool) or (isinstance(x, Tensor) and x.dtype is dtypes.bool_) for x in (a, b)]
+    if name == "sub" and all(bools):
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or "
+                           "`logical_xor()` operator instead.")
+    if name == "sub" and any(bools):
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying "
+                           "to invert a mask, use the `~` or `logical_not()` operator instead.")
+    if name == "div" and not result.is_floating_point:
+        result = dtypes.default_float
+    if out is not None and name not in _COMPARISONS:
+        check_cast(result, out)
+    if name in _BITWISE and result.is_floating_point:
+        raise RuntimeError(not_implemented(name, device, result))
+    if name in ("floor_divide", "remainder", "pow") and result is dtypes.bool_:
+        raise RuntimeError(not_implemented(name, device, result))
+    if name == "pow" and not result.is_floating_point and isinstance(b, int) and b < 0:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    if result is dtypes.bool_ and name in _BOOL_FORMS:
+        name = _BOOL_FORMS[name]
+    out_dtype = dtypes.bool_ if name in _COMPARISONS else result
+    return _BINARY[name][0], result, compute_type(result), out_dtype
+
+
+def _unary_types(name, dtype):
+    """(kernel op, result dtype, compute dtype) of `name(x)` for an x of `dtype`, or torch's error."""
+    if name in _FLOAT_FUNCTIONS:
+        result = dtype if dtype.is_floating_point else dtypes.default_float
+        return _UNARY[name][0], result, compute_type(result)
+    if dtype is dtypes.bool_:
+        if name == "bitwise_not":
+            return _UNARY["logical_not"][0], dtype, dtype
+        if name == "neg":
+            raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. If you are trying to "
+                               "invert a mask, use the `~` or `logical_not()` operator instead.")
+        if name == "relu":
+            raise RuntimeError("Boolean inputs not supported for relu")
+        raise RuntimeError(f'"{name}" not implemented for \'Bool\'')
+    if name == "bitwise_not" and dtype.is_floating_point:
+        raise RuntimeError(f'"bitwise_not" not implemented for \'{dtypes.TORCH_NAMES[dtype.name]}\'')
+    return _UNARY[name][0], dtype, compute_type(dtype)
+
+
+def _apply_alpha(b, alpha, a):
+    Tensor = fields.Tensor
+    kinds = [x.dtype for x in (a, b) if isinstance(x, Tensor)]
+    if isinstance(alpha, float) and all(not k.is_floating_point for k in kinds):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+    return binary("mul", b, alpha) if isinstance(b, Tensor) else b * alpha
+
+
+# ---------------------------------------------------------------------------------------------- running
+def _dispatch(key, kernel, operands, result, compute, out_dtype, out):
+    """Check devices and shapes, then run on the CPU or build, remember and call the cuda fast path.
+    `operands` may hold tensors, Python numbers and None (a clamp bound not given)."""
+    Tensor = fields.Tensor
+    if compute is not result and any(isinstance(x, Tensor) and x.dtype not in (result, dtypes.bool_)
+                                     for x in operands):
+        # a half-type result: torch rounds tensor operands of other types to it before computing in float32
+        operands = tuple(x.to(result) if isinstance(x, Tensor) and x.dtype is not dtypes.bool_ else x
+                         for x in operands)
+        key = None
+    tensors = [x for x in operands if isinstance(x, Tensor)]
+    device = common_device(tensors, out)
+    shape = broadcast_shapes(*(x._shape for x in tensors))
+    if out is not None:
+        check_out_shape(tensors, out)
+        check_cast(out_dtype, out)
+        if out.dtype is not out_dtype and out_dtype in (dtypes.float16, dtypes.bfloat16):
+            # torch rounds to the result type before widening into out: go through a result-typed temporary
+            return out.copy_(_dispatch(None, kernel, operands, result, compute, out_dtype, None))
+        out_dtype = out.dtype
+    if device.type == "cpu":
+        if out is None:
+            out = empty(shape, out_dtype, device)
+        if out.numel():
+            _run_numpy(kernel, operands, shape, result, compute, out)
+        return out
+    run = cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out)
+    if key is not None and all(x.device == device for x in tensors):  # a 0-d CPU operand changes per call
+        _runs[key] = run
+    return run(*operands, out)
+
+
+def _run_numpy(kernel, operands, shape, result, compute, out):
+    """The CPU side: numpy in the same compute type as the kernels."""
+    Tensor = fields.Tensor
+    family, op = kernel
+    np_compute = np.float32 if compute is dtypes.bfloat16 else compute.np
+
+    def values(x, np_type=np_compute):
+        if isinstance(x, Tensor):
+            return np.broadcast_to(numpy_values(x).astype(np_type, copy=False), shape)
+        return np.array(x).astype(np_type)
+
+    with np.errstate(all="ignore"):
+        if family == "unary":
+            function = next(f for o, f in _UNARY.values() if o == op)
+            rounding = op in (_UNARY["floor"][0], _UNARY["ceil"][0], _UNARY["round"][0])
+            r = values(operands[0]) if rounding and not compute.is_floating_point else function(values(operands[0]))
+        elif family == "binary":
+            a, b = values(operands[0]), values(operands[1])
+            r = _numpy_binary(op, a, b, compute)
+        elif op == _WHERE:
+            r = np.where(values(operands[0], np.bool_), values(operands[1]), values(operands[2]))
+        else:
+            r = values(operands[0])
+            if operands[1] is not None:
+                r = np.maximum(r, values(operands[1]))
+            if operands[2] is not None:
+                r = np.minimum(r, values(operands[2]))
+        r = np.asarray(r)
+        if r.dtype != np.bool_:
+            r = r.astype(np_compute, copy=False)
+    numpy_view(out)[...] = to_storage_values(r, out.dtype)
+
+
+def _numpy_binary(op, a, b, compute):
+    if op == _BINARY["pow"][0]:
+        if compute.is_floating_point:
+            return np.power(a, b)
+        return _int_pow(a, b)
+    if op in (_BINARY["floor_divide"][0], _BINARY["remainder"][0]) and not compute.is_floating_point:
+        if np.any(b == 0):
+            raise RuntimeError("ZeroDivisionError")
+    function = next(f for o, f in _BINARY.values() if o == op)
+    return function(a, b)
+
+
+def _int_pow(a, b):
+    """Integer powers as torch computes them: wrapping, and for negative exponents 1, +-1 or 0."""
+    a, b = np.broadcast_arrays(a, b)
+    r = np.power(a, np.where(b < 0, 0, b))
+    unit = np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 1, -1, 1), 0)).astype(a.dtype)
+    return np.where(b < 0, unit, r)
+
+
+def _binary_function(name):
+    def function(input, other, *, out=None):
+        return power(input, other, out) if name == "pow" else binary(name, input, other, out=out)
+    function.__name__ = function.__qualname__ = name
+    return function
+
+
+def _unary_function(name):
+    def function(input, *, out=None):
+        return unary(name, input, out=out)
+    function.__name__ = function.__qualname__ = name
+    return function
+
+
+FUNCTIONS = {name: _binary_function(name) for name in BINARY_METHODS}
+FUNCTIONS.update((name, _unary_function(name)) for name in UNARY_METHODS)
+FUNCTIONS.update((alias, FUNCTIONS[name]) for alias, name in ALIASES.items())
