@@ -12,7 +12,6 @@
 """
 import numpy as np
 
-from ..base.device import CPU
 from ..core import fields
 from ..core.alloc import empty
 from ..core.host_arrays import numpy_values, numpy_view, scalar_for, to_storage_values
