@@ -97,7 +97,9 @@ class Tensor(TensorFields):
                       self.dtype)
 
     def as_strided(self, size, stride, storage_offset=None):
-        return self._view(size, stride, storage_offset)
+        """A view with these numbers, checked against the storage as torch checks them (core/shapes.py)."""
+        offset = self._offset if storage_offset is None else storage_offset
+        return self._view(*shapes.as_strided(size, stride, offset, self.dtype.itemsize, self._storage._nbytes))
 
     def view(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], dtypes.dtype):
@@ -179,33 +181,13 @@ class Tensor(TensorFields):
         return self.reshape(shape)
 
     def narrow(self, dim, start, length):
-        n = len(self._shape)
-        if n == 0:
-            raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
-        dim = shapes.normalize_dim(dim, n)
-        size = self._shape[dim]
-        if start < 0:
-            start += size
-        if not (0 <= start <= size and 0 <= length and start + length <= size):
-            raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
-        shape = list(self._shape)
-        shape[dim] = length
-        return self._view(shape, self._stride, self._offset + start * self._stride[dim])
+        return self._view(*shapes.narrowed(self._shape, self._stride, self._offset, dim, start, length))
 
     def unbind(self, dim=0):
         return tuple(self.select(dim, i) for i in range(self.size(dim)))
 
     def select(self, dim, index):
-        n = len(self._shape)
-        if n == 0:
-            raise IndexError("select() cannot be applied to a 0-dim tensor.")
-        dim = shapes.normalize_dim(dim, n)
-        size = self._shape[dim]
-        if not -size <= index < size:
-            raise IndexError(f"index {index} is out of bounds for dimension {dim} with size {size}")
-        index %= size
-        return self._view(self._shape[:dim] + self._shape[dim + 1:], self._stride[:dim] + self._stride[dim + 1:],
-                          self._offset + index * self._stride[dim])
+        return self._view(*shapes.selected(self._shape, self._stride, self._offset, dim, index))
 
     def __getitem__(self, index):
         return self._view(*shapes.indexed(self._shape, self._stride, self._offset, index))
@@ -250,10 +232,10 @@ class Tensor(TensorFields):
             raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
         if self.is_pinned():
             return self
-        storage = UntypedStorage._pinned(shapes.extent(self._shape, self._stride) * self.dtype.itemsize)
-        out = Tensor(storage, self._shape, self._stride, 0, self.dtype)
-        copy_(out, self)
-        return out
+        nbytes, start = shapes.extent(self._shape, self._stride) * self.itemsize, self._offset * self.itemsize
+        storage = UntypedStorage._pinned(nbytes)
+        storage._array[...] = self._storage._array[start:start + nbytes]  # the bytes: an expanded view too
+        return Tensor(storage, self._shape, self._stride, 0, self.dtype)
 
     def fill_(self, value):
         fill_(self, value)

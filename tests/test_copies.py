@@ -329,3 +329,52 @@ def test_every_device_pair_here():
         pytest.skip("one cuda device: the pairs of devices run on the two-device simulator")
     out = run_python(PAIRS_SCRIPT, {"MINITENSOR_BACKEND": mt.cuda.backend()})
     assert out.split() == ["ok"]
+
+
+# ==============================================================================================
+# copies into read-only host memory
+# ==============================================================================================
+def read_only(array):
+    array.flags.writeable = False
+    return array
+
+
+@pytest.mark.parametrize("non_blocking", [False, True])
+def test_device_to_host_copy_into_read_only_memory_is_refused(non_blocking):
+    """A read-only numpy array under a CPU tensor stays unwritten, as numpy keeps it on the CPU (before: the
+    transfer wrote into it)."""
+    src = mt.arange(1.0, 7.0, device="cuda")
+    array, doubles = read_only(np.zeros(6, np.float32)), read_only(np.zeros(6, np.float64))
+    dlpacked = mt.from_dlpack(mt.from_numpy(read_only(np.zeros(6, np.float32))).__dlpack__(max_version=(1, 0)))
+    cases = {"from_numpy": (mt.from_numpy(array), src), "as_tensor": (mt.as_tensor(array), src),
+             "strided": (mt.from_numpy(array)[::2], src[::2]), "cast": (mt.from_numpy(doubles), src),
+             "broadcast": (mt.from_numpy(array), src[:1]), "dlpack": (dlpacked, src)}
+    for name, (dst, source) in cases.items():
+        with pytest.raises(ValueError, match="read-only"):
+            dst.copy_(source, non_blocking=non_blocking)
+        mt.cuda.synchronize()
+        assert not array.any() and not doubles.any() and not dst.cpu().numpy().any(), name
+    with pytest.raises(ValueError, match="read-only"):
+        mt.from_numpy(array).copy_(mt.ones(6))  # on the CPU numpy refuses: the same error
+    writable = np.zeros(6, np.float32)
+    mt.from_numpy(writable).copy_(src, non_blocking=non_blocking)
+    mt.cuda.synchronize()
+    assert writable.tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_device_to_host_copy_into_a_read_only_memmap_is_refused(tmp_path):
+    """Before: the process died of a segmentation fault (the pages are mapped read-only)."""
+    out = run_python(f"""
+        import numpy as np
+        import minitensor as mt
+
+        np.arange(1024, dtype=np.float32).tofile({str(tmp_path / "data.bin")!r})
+        mapped = np.memmap({str(tmp_path / "data.bin")!r}, np.float32, mode="r")
+        for make in (mt.from_numpy, mt.as_tensor):
+            try:
+                make(mapped).copy_(mt.zeros(1024, device="cuda"))
+            except ValueError as e:
+                print("refused", "read-only" in str(e))
+        print(float(mapped.sum()))
+    """)
+    assert out.split() == ["refused", "True", "refused", "True", str(float(sum(range(1024))))]

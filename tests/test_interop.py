@@ -7,6 +7,7 @@ test_numba_integration.py and the CuPy and torch exchanges in both directions.
 """
 import ctypes
 import gc
+import re
 import sys
 import weakref
 
@@ -15,6 +16,7 @@ import pytest
 
 import minitensor as mt
 from minitensor.interop import dlpack
+from helpers import run_python
 
 DEV = "cuda"
 ON_GPU = mt.cuda.backend() == "nvidia"
@@ -249,6 +251,94 @@ def test_as_tensor_cai_errors(change, error, message):
     src = mt.empty(3, dtype=mt.float32, device=DEV)
     with pytest.raises(error, match=message):
         mt.as_tensor(CAIProducer(src, **change))
+
+
+class RawCAI:
+    """A CUDA array interface as a broken or hostile producer may give it: 4 float32 unless changed."""
+
+    def __init__(self, **changes):
+        self.__cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3,
+                                         **changes}
+
+
+@pytest.mark.parametrize("change, error, message", [
+    ({"data": (0x1000, False)}, BufferError, "0x1000 is in no allocation"),
+    ({"data": (0, False)}, BufferError, "null pointer for 4 elements"),
+    ({"data": (-8, False)}, BufferError, "data pointer -8"),
+    ({"data": (2**64, False)}, BufferError, "data pointer 18446744073709551616"),
+    ({"data": ("0x1000", False)}, TypeError, "data pointer must be an int, not str"),
+    ({"data": 5}, TypeError, "'data' must be a (pointer, read_only) pair, not int"),
+    ({"shape": (-1,)}, BufferError, "negative dimension -1"),
+    ({"shape": (2.5,)}, TypeError, "shape must be tuple of ints, but found element of type float at pos 0"),
+    ({"shape": 4}, TypeError, "shape must be tuple of ints, not int"),
+    ({"shape": (2**62, 2**62), "strides": (0, 0)}, BufferError, "numel: integer multiplication overflow"),
+    ({"shape": (2, 2**62), "strides": (4, 2**63)}, BufferError, "Storage size calculation overflowed"),
+    ({"strides": (2**62,)}, BufferError, "Storage size calculation overflowed"),
+    ({"strides": (4.0,)}, TypeError, "strides must be tuple of ints"),
+    ({"typestr": None}, TypeError, "typestr None is not a numpy type code"),
+], ids=lambda x: str(x)[:32])
+def test_as_tensor_cai_absurd_fields_are_refused(change, error, message):
+    """Before: the tensor was made over whatever the dict said, and the first kernel crashed the process."""
+    src = mt.zeros(4, device=DEV)
+    change.setdefault("data", (src.data_ptr(), False))
+    with pytest.raises(error, match=re.escape(message)):
+        mt.as_tensor(RawCAI(**change))
+    for key in ("shape", "typestr", "data"):
+        producer = RawCAI(data=(src.data_ptr(), False))
+        del producer.__cuda_array_interface__[key]
+        with pytest.raises(BufferError, match=f"__cuda_array_interface__ has no '{key}'"):
+            mt.as_tensor(producer)
+
+
+def test_as_tensor_cai_memory_must_be_inside_one_allocation():
+    src = mt.arange(64.0, device=DEV)
+    ok = mt.as_tensor(RawCAI(data=(src.data_ptr() + 8, False), shape=(2, 3), strides=(16, 4)))
+    np.testing.assert_array_equal(host(ok), [[2, 3, 4], [6, 7, 8]])
+    assert mt.as_tensor(RawCAI(data=(0, False), shape=(0, 3))).shape == (0, 3)  # empty: no memory needed
+    with pytest.raises(BufferError, match="beyond the allocation"):
+        mt.as_tensor(RawCAI(data=(src.data_ptr(), False), shape=(2**29,)))  # 2 GiB from a 256-byte tensor
+    host_array = np.zeros(4, np.float32)  # pageable host memory is no device's
+    with pytest.raises(BufferError, match="is in no allocation"):
+        mt.as_tensor(RawCAI(data=(host_array.ctypes.data, False)))
+    pinned = mt.arange(4.0).pin_memory()  # pinned host memory is every device's, as in torch
+    over_pinned = mt.as_tensor(RawCAI(data=(pinned.data_ptr(), False)))
+    assert over_pinned.device == mt.device(DEV, mt.cuda.current_device())
+    np.testing.assert_array_equal(host(over_pinned), [0, 1, 2, 3])
+
+
+TWO_DEVICES_SCRIPT = """
+    import ctypes
+    import minitensor as mt
+    from minitensor.interop import dlpack
+
+    src = mt.arange(4.0, device="cuda:1")
+    class Producer:
+        __cuda_array_interface__ = src.__cuda_array_interface__
+    t = mt.as_tensor(Producer())  # the current device is 0; the memory is device 1's
+    print(t.device, t.data_ptr() == src.data_ptr(), t.tolist())
+
+    capsule = src.__dlpack__(max_version=(1, 0))
+    get = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi))
+    managed = dlpack.DLManagedTensorVersioned.from_address(get(capsule, b"dltensor_versioned"))
+    managed.dl_tensor.device.device_id = 0  # a producer that names the wrong device
+    try:
+        mt.from_dlpack(capsule)
+    except BufferError as e:
+        print("refused:", e)
+    managed.dl_tensor.device.device_id = 1
+    print(mt.from_dlpack(capsule).device)
+"""
+
+
+def test_cai_and_dlpack_memory_of_another_device_on_two_simulated_devices():
+    """CAI memory is on the device that holds it, as torch takes it (before: always the current device);
+    a DLPack capsule that names another device than its memory's is refused."""
+    lines = run_python(TWO_DEVICES_SCRIPT, {"MINITENSOR_BACKEND": "sim", "MINITENSOR_SIM_DEVICES": "2"}).splitlines()
+    assert lines[0] == "cuda:1 True [0.0, 1.0, 2.0, 3.0]"
+    assert lines[1].startswith("refused: the DLPack tensor says it is on cuda:0, but its memory at 0x") and \
+        lines[1].endswith("is cuda:1's")
+    assert lines[2] == "cuda:1"
 
 
 # ==============================================================================================
@@ -587,6 +677,54 @@ def test_from_dlpack_errors():
         mt.from_dlpack(np.arange(4.0)[::-1])
     with pytest.raises(BufferError, match="named 'dltensor'"):
         mt.from_dlpack(_capsule_new(array.ctypes.data, b"something_else", None))
+
+
+def _with(producer, **fields):
+    """The producer with fields of its DLTensor overwritten, as a broken or hostile C producer may fill them."""
+    for name, value in fields.items():
+        setattr(producer.managed.dl_tensor, name, value)
+    return producer
+
+
+def _dl_cases(device):
+    src = mt.zeros(8, device=device)  # the memory the capsules point into, unless a case changes it
+    dl_device = (2, src.device.index) if device == DEV else (1, 0)
+
+    def producer(dims=(8,), steps=(1,), **fields):
+        return _with(StructProducer(src, src.data_ptr(), dims, steps, dl_device, (2, 32)), **fields)
+    cases = {
+        "negative size": (producer(dims=(-3,)), "negative dimension -3"),
+        "negative ndim": (producer(ndim=-1), "ndim -1"),
+        "huge ndim": (producer(ndim=1000), "ndim 1000"),
+        "null shape": (producer(shape=None), "null shape"),
+        "null data": (producer(data=None), "null pointer for 8 elements"),
+        "numel overflow": (producer(dims=(2**62, 2**62), steps=(0, 0)), "numel: integer multiplication overflow"),
+        "stride overflow": (producer(steps=(2**62,)), "Storage size calculation overflowed"),
+        "byte_offset overflow": (producer(byte_offset=2**64 - 4), "data pointer"),
+    }
+    if device == DEV:  # device memory: the driver knows its allocations
+        cases.update({
+            "wild pointer": (producer(data=0x1000), "0x1000 is in no allocation"),
+            "past the allocation": (producer(dims=(2**29,)), "beyond the allocation"),
+            "huge byte_offset": (producer(byte_offset=2**40), "is in no allocation"),
+            "host memory as cuda": (_with(StructProducer.over_array(np.zeros(8, np.float32)), device=DL_CUDA),
+                                    "is in no allocation"),
+        })
+    return src, cases
+
+
+DL_CUDA = dlpack.DLDevice(2, 0)
+
+
+@pytest.mark.parametrize("device", ["cpu", DEV])
+def test_from_dlpack_absurd_fields_are_refused_and_the_capsule_kept(device):
+    """Before: shape and strides were read for any ndim and the tensor made over any pointer: a crash."""
+    src, cases = _dl_cases(device)
+    for name, (producer, message) in cases.items():
+        with pytest.raises(BufferError, match=re.escape(message)):
+            mt.from_dlpack(producer)
+        assert producer.calls == [], name  # not consumed: the producer still owns its memory
+    np.testing.assert_array_equal(host(src), np.zeros(8, np.float32))
 
 
 # ==============================================================================================

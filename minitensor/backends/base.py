@@ -54,6 +54,9 @@ class Driver:
     def host_register(self, ptr, nbytes): raise NotImplementedError
     def host_unregister(self, ptr): raise NotImplementedError
     def memcpy_async(self, dst, src, nbytes, stream): raise NotImplementedError
+    # what holds an address another library gave: (device, start, nbytes) of the allocation or registration
+    # `ptr` lies in (device None for pinned host memory, which every device reaches), or None when none does
+    def memory_range(self, ptr): raise NotImplementedError
     # between devices: can `device` reach `peer`'s memory directly; let it (once per pair); copy on `stream`
     # (a stream of the current device)
     def can_access_peer(self, device, peer): raise NotImplementedError

@@ -153,6 +153,21 @@ class NvidiaDriver(Driver):
     def host_unregister(self, ptr):
         _check(cu.cuMemHostUnregister(ptr))
 
+    def memory_range(self, ptr):
+        """cuPointerGetAttribute: CUDA_ERROR_INVALID_VALUE when no allocation, mapping or registration holds ptr."""
+        self.current_device()  # the query needs a current context
+        attribute = cu.CUpointer_attribute
+        err, start = cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr)
+        if err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:
+            return None
+        _check((err,))
+        nbytes = _check(cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr))
+        kind = _check(cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr))
+        if int(kind) == int(cu.CUmemorytype.CU_MEMORYTYPE_HOST):
+            return None, int(start), int(nbytes)
+        return int(_check(cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr))), \
+            int(start), int(nbytes)
+
     def memcpy_async(self, dst, src, nbytes, stream):
         self.current_device()
         _check(cu.cuMemcpyAsync(dst, src, nbytes, stream))

@@ -93,6 +93,13 @@ class _Arena:
     def contains(self, ptr):
         return self.base <= ptr < self.base + self.capacity
 
+    def allocation(self, ptr):
+        """(start, size) of the live allocation holding `ptr`, or None."""
+        offset = ptr - self.base
+        with self.lock:
+            return next(((self.base + start, size) for start, size in self.sizes.items()
+                         if start <= offset < start + size), None)
+
 
 class _Stream:
     """An in-order work queue with its own worker thread."""
@@ -298,6 +305,15 @@ class SimDriver(Driver):
                 return False
             return not any(base <= ptr < base + len(m) for base, m in self._host.items()) and \
                 not any(base <= ptr < base + n for base, n in self._registered.items())
+
+    def memory_range(self, ptr):
+        for device, arena in enumerate(self._arenas):
+            if arena is not None and arena.contains(ptr):
+                found = arena.allocation(ptr)
+                return None if found is None else (device, *found)
+        with self._lock:
+            host = [(base, len(m)) for base, m in self._host.items()] + list(self._registered.items())
+        return next(((None, base, n) for base, n in host if base <= ptr < base + n), None)
 
     def memcpy_async(self, dst, src, nbytes, stream):
         s = self._stream(stream)

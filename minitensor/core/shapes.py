@@ -4,11 +4,16 @@ it; strides and offsets count elements."""
 import functools
 import math
 import numbers
+import operator
 
 import numpy as np
 
 from ..base.dtypes import INT
 from .fields import TensorFields
+
+INT64_MAX = 2**63 - 1  # torch's sizes, strides and offsets are int64, and so are the kernels' offsets
+OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single memory "
+           "location. Please clone() the tensor before performing the operation.")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -30,10 +35,13 @@ def normalize_dim(dim, ndim):
 
 
 def shape_arg(size):
-    """Accept f(2, 3), f((2, 3)) and f([2, 3])."""
+    """Accept f(2, 3), f((2, 3)) and f([2, 3]); ints only (a float is refused, not truncated, as in torch)."""
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         size = size[0]
-    return tuple(map(int, size))
+    try:
+        return tuple(map(operator.index, size))
+    except TypeError:
+        return int_tuple(size, "size")  # raises, naming the element
 
 
 def is_contiguous(shape, stride):
@@ -64,6 +72,69 @@ def extent(shape, stride):
     if 0 in shape:
         return 0
     return sum((n - 1) * s for n, s in zip(shape, stride)) + 1
+
+
+def storage_nbytes(shape, stride, offset, itemsize, name):
+    """The bytes a storage needs under the view (shape, stride, offset): torch's computeStorageNbytes, 0 for an
+    empty view whatever its offset, with torch's errors for negative numbers and for what int64 cannot hold.
+    `name` (the caller) starts the message for negative strides, as torch's does."""
+    if any(n < 0 for n in shape):
+        raise RuntimeError(f"Trying to create tensor with negative dimension {min(shape)}: {list(shape)}")
+    if any(s < 0 for s in stride):
+        raise RuntimeError(f"{name}: Negative strides are not supported at the moment, got strides: {list(stride)}")
+    if offset < 0:
+        raise RuntimeError(f"Tensor: invalid storage offset {offset}")
+    if 0 in shape:
+        return 0
+    nbytes = (offset + extent(shape, stride)) * itemsize
+    if nbytes > INT64_MAX or max(stride, default=0) > INT64_MAX:
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(shape)} and strides={list(stride)}")
+    if math.prod(shape) > INT64_MAX:  # with stride 0 the bytes fit where the element count does not
+        raise RuntimeError("numel: integer multiplication overflow")
+    return nbytes
+
+
+def as_strided(size, stride, offset, itemsize, nbytes):
+    """(shape, stride, offset) of `t.as_strided(size, stride, offset)` on a storage of `nbytes`, checked as torch
+    checks it: ints only, and the view inside the storage, or a kernel would reach the next allocation."""
+    shape = int_tuple(size, "as_strided(): argument 'size' (position 1)")
+    stride = int_tuple(stride, "as_strided(): argument 'stride' (position 2)")
+    offset = int_arg(offset, "as_strided(): argument 'storage_offset' (position 3)")
+    if len(shape) != len(stride):
+        raise RuntimeError("mismatch in length of strides and shape")
+    needed = storage_nbytes(shape, stride, offset, itemsize, "as_strided")
+    if needed > nbytes:
+        raise RuntimeError(f"setStorage: sizes {list(shape)}, strides {list(stride)}, storage offset {offset}, and "
+                           f"itemsize {itemsize} requiring a storage size of {needed} are out of bounds for storage "
+                           f"of size {nbytes}")
+    return shape, stride, offset
+
+
+def int_arg(value, what):
+    """An int argument (a Python or numpy int, a 0-d integer tensor), with torch's TypeError for anything else."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{what} must be int, not {type(value).__name__}")
+    return operator.index(value)
+
+
+def int_tuple(values, what):
+    """A sequence of sizes or strides given by a user or a foreign array as a tuple of ints, with torch's
+    TypeError for anything else (floats and bools included)."""
+    if not isinstance(values, (tuple, list)):
+        raise TypeError(f"{what} must be tuple of ints, not {type(values).__name__}")
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            raise TypeError(f"{what} must be tuple of ints, but found element of type {type(value).__name__} at "
+                            f"pos {i}")
+    return tuple(map(operator.index, values))
+
+
+def overlaps_itself(shape, stride):
+    """True when several elements share one memory location (a stride 0 over a size above 1): torch's
+    has_internal_overlap, where it answers YES. Writing through such a view is refused, as torch does."""
+    return any(st == 0 and n > 1 for n, st in zip(shape, stride))
 
 
 def infer_shape(shape, numel):
@@ -140,6 +211,8 @@ def expanded(shape, stride, sizes):
         own, own_stride = shape[i - lead], stride[i - lead]
         if size == -1:
             size = own
+        elif size < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {size}: {list(sizes)}")
         if own == size:
             new_shape.append(size)
             new_stride.append(own_stride)
@@ -164,6 +237,34 @@ def permuted(shape, stride, dims):
     if len(set(dims)) != n:
         raise RuntimeError("permute(): duplicate dims are not allowed.")
     return tuple(shape[d] for d in dims), tuple(stride[d] for d in dims)
+
+
+def narrowed(shape, stride, offset, dim, start, length):
+    """(shape, stride, offset) of `narrow(dim, start, length)`: `length` elements from `start` (negative: from
+    the end) along `dim`, inside it."""
+    if not shape:
+        raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
+    start, length = int_arg(start, "narrow(): argument 'start' (position 2)"), \
+        int_arg(length, "narrow(): argument 'length' (position 3)")
+    dim = normalize_dim(dim, len(shape))
+    size = shape[dim]
+    if start < 0:
+        start += size
+    if not (0 <= start <= size and 0 <= length and start + length <= size):
+        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
+    return shape[:dim] + (length,) + shape[dim + 1:], stride, offset + start * stride[dim]
+
+
+def selected(shape, stride, offset, dim, index):
+    """(shape, stride, offset) of `select(dim, index)`: the slice at `index` (negative: from the end)."""
+    if not shape:
+        raise IndexError("select() cannot be applied to a 0-dim tensor.")
+    index = int_arg(index, "select(): argument 'index' (position 2)")
+    dim = normalize_dim(dim, len(shape))
+    size = shape[dim]
+    if not -size <= index < size:
+        raise IndexError(f"index {index} is out of bounds for dimension {dim} with size {size}")
+    return shape[:dim] + shape[dim + 1:], stride[:dim] + stride[dim + 1:], offset + (index % size) * stride[dim]
 
 
 def squeezed(shape, stride, dim):
@@ -201,10 +302,8 @@ def indexed(shape, stride, offset, index):
             start, stop, step = item.indices(shape[d])
             if step <= 0:
                 raise ValueError("step must be greater than zero")
-            length = max(0, -(-(stop - start) // step))
-            if length:
-                offset += start * stride[d]
-            new_shape.append(length)
+            offset += start * stride[d]  # also for an empty slice: torch's offset is where it starts
+            new_shape.append(max(0, -(-(stop - start) // step)))
             new_stride.append(stride[d] * step)
             d += 1
         elif _is_integer(item):

@@ -15,6 +15,7 @@ from ..cuda import host_memory, memory, transfer
 from ..cuda.devices import as_device, cuda_device
 from ..cuda.streams import current_stream_handle
 from .fields import StorageFields, allocate, storage as new_storage
+from .shapes import int_arg
 
 
 class UntypedStorage(StorageFields):
@@ -24,6 +25,9 @@ class UntypedStorage(StorageFields):
     __slots__ = ()
 
     def __new__(cls, nbytes=0, device=None):
+        nbytes = int_arg(nbytes, "UntypedStorage(): argument 'nbytes'")
+        if nbytes < 0:
+            raise ValueError(f"UntypedStorage(): nbytes must be >= 0, got {nbytes}")
         device = CPU if device is None else as_device(device)
         if device.type == "cpu":
             return new_storage(CPU, nbytes, np.empty(nbytes, np.uint8), None, None, None)

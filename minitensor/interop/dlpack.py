@@ -7,6 +7,7 @@ memory dies. A capsule nobody consumed calls the deleter from its own destructor
 """
 import ctypes
 import enum
+import math
 import os
 
 import numpy as np
@@ -14,10 +15,11 @@ import numpy as np
 from ..base import cext, dtypes
 from ..base.device import CPU
 from ..core import fields
-from ..core.shapes import contiguous_strides, extent
+from ..core.shapes import contiguous_strides
 from ..core.storage import UntypedStorage
 from ..cuda.devices import cuda_device
 from ..cuda.streams import current_stream_handle
+from .checks import check_address, described_nbytes, device_of_memory
 from .streams import driver_stream, order_after, protocol_stream
 
 
@@ -37,6 +39,7 @@ class DLDataTypeCode(enum.IntEnum):
 
 
 DLPACK_VERSION = (1, 0)
+MAX_NDIM = 64  # numpy 2's limit: more is a broken producer, whose shape array would be read past its end
 FLAG_READ_ONLY = 1 << 0
 FLAG_IS_COPIED = 1 << 1
 
@@ -290,15 +293,9 @@ def _from_capsule(capsule):
         raise BufferError("the DLPack tensor is read-only, and minitensor cannot keep a cuda tensor read-only: "
                           "export a copy (copy=True) instead")
     dtype = _dtype_of(dl.dtype)
-    shape = tuple(dl.shape[i] for i in range(dl.ndim))
-    stride = tuple(dl.strides[i] for i in range(dl.ndim)) if dl.strides else contiguous_strides(shape)
-    if any(s < 0 for s in stride):
-        raise BufferError(f"the DLPack tensor has strides {stride}, and tensors with negative strides are not "
-                          "supported: copy it first")
+    shape, stride, data, nbytes = _checked_layout(dl, dtype, device)
     owner = _Consumed(ptr, managed.deleter)
     _capsule_set_name(capsule, _USED[name])  # from here on, `owner` runs the deleter
-    data = (dl.data or 0) + dl.byte_offset
-    nbytes = extent(shape, stride) * dtype.itemsize
     if device.type == "cuda":
         storage = UntypedStorage._from_external(data, nbytes, device, owner)
     else:
@@ -307,6 +304,30 @@ def _from_capsule(capsule):
         raw.flags.writeable = not (flags & FLAG_READ_ONLY)
         storage = UntypedStorage._from_array(raw, owner)
     return fields.tensor(storage, shape, stride, 0, dtype)
+
+
+def _checked_layout(dl, dtype, device):
+    """(shape, stride, data pointer, nbytes) of a DLTensor, refused with BufferError (and the capsule left
+    unconsumed) when its numbers describe no memory a tensor may use (checks.py): reading `ndim` entries of
+    `shape` is all the trust a C struct gets."""
+    if not 0 <= dl.ndim <= MAX_NDIM:
+        raise BufferError(f"the DLPack tensor has ndim {dl.ndim}: expected 0 to {MAX_NDIM}")
+    if dl.ndim and not dl.shape:
+        raise BufferError(f"the DLPack tensor has a null shape for ndim {dl.ndim}")
+    shape = tuple(dl.shape[i] for i in range(dl.ndim))
+    stride = tuple(dl.strides[i] for i in range(dl.ndim)) if dl.strides else contiguous_strides(shape)
+    if any(s < 0 for s in stride):
+        raise BufferError(f"the DLPack tensor has strides {stride}, and tensors with negative strides are not "
+                          "supported: copy it first")
+    nbytes = described_nbytes(shape, stride, dtype.itemsize, "the DLPack tensor")
+    data = (dl.data or 0) + dl.byte_offset
+    check_address(data, nbytes, math.prod(shape), "the DLPack tensor")
+    if device.type == "cuda" and nbytes:
+        index = device_of_memory(data, nbytes, "the DLPack tensor")
+        if index not in (None, device.index):
+            raise BufferError(f"the DLPack tensor says it is on {device}, but its memory at {data:#x} is "
+                              f"cuda:{index}'s")
+    return shape, stride, data, nbytes
 
 
 def _dtype_of(dl_dtype):

@@ -2,7 +2,10 @@
 (aten/src/ATen/native/cuda/Copy.cu).
 
 - On one device: a kernel (cuda) or numpy (CPU). torch refuses a copy between dense views that partly share
-  memory: the result would depend on the order elements run in.
+  memory, and into a view whose elements share memory (a stride 0): the result would depend on the order
+  elements run in.
+- A CPU destination over read-only memory (a read-only numpy array or memmap) is refused before any transfer,
+  as numpy refuses the write on the CPU: a transfer would write it anyway, or fault on a read-only mapping.
 - Between devices the bytes move through cuda/transfer.py: blocking by default (on return, a copy to the host
   is complete and a copy from the host has consumed its source); with non_blocking=True and pinned host memory
   (pin_memory, host_register) the transfer is queued on the cuda device's current stream and the call returns
@@ -15,7 +18,7 @@ import numpy as np
 from ..core import fields
 from ..core.alloc import empty
 from ..core.host_arrays import numpy_values, numpy_view, scalar_for, to_storage_values
-from ..core.shapes import broadcast_shapes, expanded
+from ..core.shapes import OVERLAP, broadcast_shapes, expanded, overlaps_itself
 from ..cuda import transfer
 from ..cuda.streams import current_stream_handle
 from .runs import kernels
@@ -42,8 +45,10 @@ def copy_(dst, src, non_blocking=False):
     if broadcast_shapes(dst._shape, src._shape) != dst._shape:
         raise RuntimeError(f"output with shape {list(dst._shape)} doesn't match the broadcast shape "
                            f"{list(broadcast_shapes(dst._shape, src._shape))}")
-    if dst.numel() == 0:
+    if dst.numel() == 0 or dst is src:
         return
+    if 0 in dst._stride and overlaps_itself(dst._shape, dst._stride):
+        raise RuntimeError(OVERLAP)  # as torch: which of the elements sharing a location wins is not defined
     _check_no_partial_overlap(dst, src)
     if src.device != dst.device:
         _copy_across(dst, src, non_blocking)
@@ -70,6 +75,10 @@ def _check_no_partial_overlap(dst, src):
 # ---------------------------------------------------------------------------------------------- across devices
 def _copy_across(dst, src, non_blocking):
     """dst[...] = src for tensors on different devices (dst not empty, src broadcastable to it)."""
+    if dst.device.type == "cpu" and not dst._storage._array.flags.writeable:  # a transfer would write it anyway
+        raise ValueError("assignment destination is read-only: this CPU tensor shares the memory of a read-only "
+                         "array (numpy, a memmap or a read-only DLPack tensor). clone() it, or make the array "
+                         "writable, before writing to it")
     if src.device.type == "cpu":
         if not non_blocking and dst.dtype.itemsize < src.dtype.itemsize:
             src = src.to(dst.dtype)  # fewer bytes to move, and the host waits anyway

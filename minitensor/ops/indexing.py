@@ -23,7 +23,7 @@ from ..core.alloc import empty
 from ..core.fields import allocate
 from ..core.host_arrays import numpy_view
 from ..core.layout import layout_number, layout_of
-from ..core.shapes import contiguous_strides, normalize_dim
+from ..core.shapes import OVERLAP, contiguous_strides, normalize_dim, overlaps_itself
 from ..cuda import memory
 from ..cuda.device_errors import GATHER, INDEX_SELECT, info_word, message, raise_pending, record_address
 from ..cuda.streams import Stream, _tls as _streams_tls, current_stream_handle
@@ -68,6 +68,8 @@ def setitem(t, index, value):
             value = value._view(shape[lead:], value._stride[lead:])
         target.copy_(value)
     else:
+        if 0 in target._stride and overlaps_itself(target._shape, target._stride):
+            raise RuntimeError(OVERLAP)  # torch's t[...] = number is a copy_, refused where fill_ is not
         target.fill_(value)
 
 

@@ -13,7 +13,7 @@ from ..core import fields
 from ..core.alloc import empty
 from ..core.host_arrays import numpy_values, numpy_view, to_storage_values
 from ..core.layout import layout_of
-from ..core.shapes import broadcast_shapes
+from ..core.shapes import OVERLAP, broadcast_shapes, overlaps_itself
 from .runs import cuda_run
 from .typing import (check_cast, check_out_shape, common_device, compute_type, not_implemented, operand_value,
                      result_type)
@@ -263,6 +263,8 @@ def _dispatch(key, kernel, operands, result, compute, out_dtype, out):
     shape = broadcast_shapes(*(x._shape for x in tensors))
     if out is not None:
         check_out_shape(tensors, out)
+        if overlaps_itself(out._shape, out._stride):  # a layout's property: checking once per signature holds
+            raise RuntimeError(OVERLAP)
         check_cast(out_dtype, out)
         if out.dtype is not out_dtype and out_dtype in (dtypes.float16, dtypes.bfloat16):
             # torch rounds to the result type before widening into out: go through a result-typed temporary
