@@ -105,7 +105,11 @@ class QueuedFrees:
         """How torch's free-then-allocate of the victim (same size, same stream) goes: None when it would
         not hand out the victim itself, else what happens to the inactive split blocks (_WHOLE, _ALONE,
         _REJOIN, _REJOIN_WHOLE). It depends only on the victim's free list (its neighbours are cached there
-        or not), so the allocator keeps it until that list's version changes."""
+        or not), so the allocator keeps it until that list's version changes (configure changes every list's).
+        A free that saw plain settings may queue its block just after another thread's configure changed them:
+        under other settings no queued block is a victim."""
+        if not self._plain:
+            return None
         prev, nxt = victim.prev, victim.next
         if prev is not None and prev.state == FREE:
             return None  # merged with its lower neighbour, the allocation would start lower

@@ -1,7 +1,13 @@
-"""`memory_snapshot()`'s format: torch's list of segment dicts, each with its blocks in address order."""
-from .block import ALLOCATED, FREE, PENDING
+"""`memory_snapshot()`'s format: torch's list of segment dicts, each with its blocks in address order.
 
-_STATES = {ALLOCATED: "active_allocated", PENDING: "active_pending_free", FREE: "inactive"}
+The allocator settles its queued frees and walks the segments under its lock, but frees take no lock: a block
+another thread frees during the walk is QUEUED, and is shown as what it was when the lock was taken, allocated.
+So a snapshot is the allocator at one instant, and agrees with memory_stats() read at that instant.
+"""
+from .block import ALLOCATED, FREE, PENDING, QUEUED
+
+_STATES = {ALLOCATED: "active_allocated", QUEUED: "active_allocated", PENDING: "active_pending_free",
+           FREE: "inactive"}
 
 
 def segment_dict(device, first):
@@ -13,7 +19,7 @@ def segment_dict(device, first):
         blocks.append({"address": block.ptr, "size": block.size, "requested_size": block.requested,
                        "state": _STATES[block.state], "frames": []})
         total += block.size
-        if block.state == ALLOCATED:
+        if block.state == ALLOCATED or block.state == QUEUED:
             allocated += block.size
         if block.state != FREE:
             active += block.size

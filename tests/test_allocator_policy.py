@@ -406,6 +406,44 @@ def test_snapshot_format():
                     "frames": []}]}
 
 
+def test_snapshot_while_another_thread_frees():
+    """A free takes no lock, so it can land while snapshot() walks the segments (another thread's tensor dying
+    then): the snapshot shows the allocator as it was when it took the lock, that block still allocated, and
+    agrees with memory_stats() taken at the same point."""
+    driver, a = make()
+    blocks = [a.alloc(1000 * (i + 1), 0) for i in range(4)]
+    settle = a._settle
+    stats = []
+
+    def settle_then_free():  # what the lock holder sees when another thread frees right after its settle
+        settle()
+        stats.append(a.stats.as_dict(None))
+        if blocks:
+            a.free(blocks.pop())
+    a._settle = settle_then_free
+    snapshot = a.snapshot()
+    del a._settle
+    allocated = [b for seg in snapshot for b in seg["blocks"] if b["state"] == "active_allocated"]
+    assert len(allocated) == 4 and sum(b["size"] for b in allocated) == stats[0]["allocated_bytes.all.current"]
+    assert sum(seg["allocated_size"] for seg in snapshot) == stats[0]["allocated_bytes.all.current"]
+    assert len([b for seg in a.snapshot() for b in seg["blocks"] if b["state"] == "active_allocated"]) == 3
+
+
+def test_free_queued_across_a_settings_change():
+    """A free reads whether frees may be queued before it takes its step, without the lock, so another thread's
+    set_allocator_settings can land in between: the block queued under plain rounding must then be completed
+    under the new rounding, not handed out again as the plain policy's victim."""
+    from minitensor.allocator.block import QUEUED
+    driver, a = make()
+    b = a.alloc(9000, 0)  # 9216 bytes under plain rounding
+    a.configure(alloc_settings.parse("roundup_power2_divisions:4"))
+    b.state = QUEUED  # the free's two lock-free steps, after its test of the rounding
+    a._freed.append(b)
+    c = a.alloc(9000, 0)
+    assert (c.ptr, c.size) == (b.ptr, 10240)  # torch's policy: the free merges, 9000 rounds to 10240
+    assert a.memory_stats()["allocated_bytes.all.current"] == 10240
+
+
 def test_double_free_is_refused():
     driver, a = make()
     b = a.alloc(4096, 0)

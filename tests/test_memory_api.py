@@ -243,6 +243,46 @@ def test_empty_cache_returns_memory():
     assert mt.cuda.memory_reserved() == reserved
 
 
+# ============================================================================================== op caches
+def _random_ops(n):
+    yield mt.randint(0, 10, (n,), device=DEV)
+    yield mt.rand(n, device=DEV)
+    yield mt.randn(n, 2, device=DEV)
+    t = empty(n)
+    yield t.random_(0, 5)
+    yield t.uniform_()
+    yield t.normal_()
+    yield t.bernoulli_(0.5)
+    yield mt.bernoulli(mt.full((n,), 0.5, device=DEV))
+    yield empty(2 * n)[::2].random_(0, 5)
+
+
+def _other_ops(n):
+    a = empty(n).fill_(1.0)
+    yield a + 1
+    yield a.sum()
+    yield a.reshape(n, 1).sum(0)
+    yield mt.gather(a, 0, mt.zeros(n, dtype=mt.int64, device=DEV))
+    yield mt.index_select(a, 0, mt.zeros(3, dtype=mt.int64, device=DEV))
+    yield mt.zeros(n, device=DEV)
+    yield mt.empty(n, dtype=mt.int16, device=DEV)
+
+
+@pytest.mark.parametrize("ops", [_random_ops, _other_ops], ids=["random", "pointwise-reduction-index-creation"])
+def test_op_caches_hold_no_device_memory(ops):
+    """Every op keeps a checked-once closure per signature; none of them may keep a tensor of its first call
+    alive (randint used to keep its template, random_ and bernoulli(p) the first tensor of every shape)."""
+    base, reserved = mt.cuda.memory_allocated(), mt.cuda.memory_reserved()
+    for n in range(1, 31):
+        for result in ops(n * 4099):  # 30 distinct sizes, each a new signature
+            del result
+    gc.collect()
+    mt.cuda.synchronize()
+    assert mt.cuda.memory_allocated() == base
+    mt.cuda.empty_cache()
+    assert mt.cuda.memory_reserved() == reserved
+
+
 # ============================================================================================== out of memory
 def test_out_of_memory_message_and_recovery():
     tensor = mt.zeros(1024, device=DEV)

@@ -511,3 +511,16 @@ def test_int64_indexing_past_2_31():
     words = philox(index // 4, 3)[np.arange(len(index)), index % 4]
     got = [int(t[int(i)].item()) for i in index]
     assert got == [int(w % 256) for w in words]
+
+
+def test_signature_caches_are_bounded():
+    """The checked-once closures are keyed by user sizes: a process that draws many sizes keeps at most
+    CACHE_LIMIT of them per cache, and every size still draws right after a cache starts over."""
+    from minitensor.ops import random as ops_random
+    limit = ops_random.CACHE_LIMIT
+    for n in range(1, limit + 20):
+        mt.rand(n)
+        mt.empty(n).random_(0, 3)
+        assert len(ops_random._factories) <= limit and len(ops_random._runs) <= limit
+    t = mt.empty(limit + 30).random_(7, 8)
+    assert (values(t) == 7).all()

@@ -492,6 +492,81 @@ def test_gate_orders_other_stream_through_event():
     assert np.all(values(y) == 5.0)
 
 
+def _exit_time(code, timeout=60):
+    """(seconds, stdout) of a script that must print "end of script" and exit, cleanly, within `timeout`."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.setdefault("MINITENSOR_BACKEND", mt.cuda.backend())
+    start = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the process did not exit within {timeout} s:\n{e.stdout}\n{e.stderr}")
+    assert p.returncode == 0 and "end of script" in p.stdout, f"rc={p.returncode}\n{p.stderr}"
+    assert "Exception ignored" not in p.stderr and "terminate called" not in p.stderr, p.stderr
+    return time.perf_counter() - start, p.stdout
+
+
+def test_exit_with_a_stream_waiting_on_a_closed_gate():
+    """A gate still referenced (a global) and never opened, with work behind it on its stream and on another
+    stream through an event: the process exits (the gates open at exit)."""
+    _, out = _exit_time("""
+        import atexit, ctypes, time
+
+        @atexit.register  # registered first, so it runs last
+        def gate_state():
+            from minitensor.backends import active_driver
+            driver = active_driver()
+            opened = GATE._gate.is_set() if driver.name == "sim" else ctypes.c_int32.from_address(GATE._gate[0]).value
+            print("gate open at exit:", bool(opened))
+
+        import minitensor as mt
+        x = mt.ones(3, device="cuda") + 1  # loads the kernel before the gate closes
+        s1, s2 = mt.cuda.Stream(), mt.cuda.Stream()
+        GATE = mt.cuda.Gate()
+        with mt.cuda.stream(s1):
+            GATE.wait()
+            y = x + 1
+            e = s1.record_event()
+        s2.wait_event(e)
+        with mt.cuda.stream(s2):
+            z = x + 1
+        time.sleep(0.3)  # the streams are waiting now
+        assert not s1.query() and not s2.query()
+        print("end of script")
+    """)
+    assert "gate open at exit: True" in out
+
+
+@pytest.mark.skipif(mt.cuda.backend() != "sim", reason="on a GPU a sleep is a kernel that runs to its end: "
+                    "the process waits for it, as for any kernel")
+def test_exit_does_not_wait_for_sleeps_or_work_left_queued():
+    """Simulator: exit stops every stream after the kernel it is running; a stream sleeping for an hour, or
+    waiting on another stream's event, does not keep the process, and a synchronising call made after the
+    streams stopped (an atexit hook registered before the first cuda call) raises instead of waiting."""
+    took, out = _exit_time("""
+        import atexit
+        import minitensor as mt
+        from minitensor.base.errors import CudaError
+
+        def late_sync():
+            try:
+                mt.cuda.synchronize()
+            except CudaError as e:
+                print("late synchronize:", e)
+        atexit.register(late_sync)  # runs after minitensor's own exit hooks
+        x = mt.ones(3, device="cuda") + 1
+        s = mt.cuda.Stream()
+        with mt.cuda.stream(s):
+            mt.cuda.sleep(3_600_000)
+            e = s.record_event()
+        mt.cuda.current_stream().wait_event(e)
+        y = x + 1
+        print("end of script")
+    """)
+    assert took < 60 and "late synchronize: CUDA error 4: driver shutting down" in out
+
+
 # ==============================================================================================
 # events
 # ==============================================================================================
@@ -655,6 +730,28 @@ def test_failed_work_surfaces_at_next_synchronizing_call():
         s.synchronize()
     s.synchronize()                            # reported once, then cleared
     np.testing.assert_array_equal(t.cpu().numpy(), np.full(5, 3, np.float32))
+
+
+@pytest.mark.skipif(mt.cuda.backend() != "sim", reason="a failing kernel on a real GPU poisons the CUDA "
+                    "context of the whole test process")
+def test_failed_work_belongs_to_its_stream():
+    """A failure on one simulated stream is raised by the calls that wait for that stream (its synchronize, an
+    event recorded on it, the device's synchronize), not by another stream's."""
+    from minitensor.backends import active_driver
+
+    def fail():
+        raise ValueError("work on s1 failed")
+    s1, s2 = mt.cuda.Stream(), mt.cuda.Stream()
+    for raise_it in (lambda: s1.synchronize(), lambda: s1.record_event().synchronize(), mt.cuda.synchronize):
+        active_driver().enqueue(s1.cuda_stream, fail)
+        with mt.cuda.stream(s2):
+            t = mt.ones(5, device="cuda") * 2
+        s2.synchronize()
+        s2.record_event().synchronize()
+        np.testing.assert_array_equal(t.cpu().numpy(), np.full(5, 2, np.float32))
+        with pytest.raises(ValueError, match="work on s1 failed"):
+            raise_it()
+        mt.cuda.synchronize()  # raised once
 
 
 def test_multiple_sim_devices():

@@ -4,13 +4,19 @@ Each device is one lazily committed anonymous mapping of MINITENSOR_SIM_MEMORY b
 are real host addresses inside it, so Triton's interpreter can run the same kernels on them. Every stream
 is an in-order queue drained by its own worker thread, so work really runs after the call that enqueued
 it returns: `query()` is False while work is pending, events complete when the stream reaches them, and
-cross-stream waits block only the waiting stream. Work that raises on a worker is kept and raised by the
-next synchronising call on that device, never dropped.
+cross-stream waits block only the waiting stream. Work that raises on a worker is kept by its stream and raised
+once, never dropped, by the next synchronising call that waits for that stream (its synchronize, an event
+recorded on it, or the device's synchronize).
+
+At exit every stream stops after the item it is running, and the process waits only for a kernel inside
+Triton's interpreter (which must not be running while Python finalises): not for a sleep, a gate or an event
+wait, which could last for ever. A synchronising call after that raises CUDA's "driver shutting down".
 """
 import atexit
 import collections
 import ctypes
 import hashlib
+import itertools
 import mmap
 import os
 import threading
@@ -27,6 +33,7 @@ _ERRORS = {
     0: "no error",
     1: "invalid argument",
     2: "out of memory",
+    4: "driver shutting down",
     101: "invalid device ordinal",
     400: "invalid resource handle",
     600: "device not ready",
@@ -34,6 +41,7 @@ _ERRORS = {
 }
 # Triton's interpreter patches triton.language globally while a kernel runs: one kernel at a time.
 _INTERPRETER_LOCK = threading.Lock()
+_failures = itertools.count()  # orders the failures kept by different streams
 
 
 class _Arena:
@@ -113,10 +121,13 @@ class _Stream:
         self.completed = 0
         self.running = False
         self.closed = False
+        self.errors = []  # (order, exception) of work that raised, until a synchronising call raises it
         threading.Thread(target=self._run, daemon=True, name=f"minitensor-sim-stream-{device}").start()
 
     def enqueue(self, work):
         with self.cond:
+            if self.closed:
+                raise CudaError(4, _ERRORS[4])
             self.items.append(work)
             self.enqueued += 1
             self.cond.notify_all()
@@ -133,7 +144,8 @@ class _Stream:
             try:
                 work()
             except BaseException as e:  # kept for the next synchronising call
-                self.driver._record_error(self.device, e)
+                with self.driver._lock:
+                    self.errors.append((next(_failures), e))
             with self.cond:
                 self.running = False
                 self.items.popleft()
@@ -141,13 +153,10 @@ class _Stream:
                 self.cond.notify_all()
 
     def close(self):
-        """Stop after the running item (at interpreter exit: a worker still inside Triton's interpreter
-        while Python finalises would abort the process)."""
+        """Run no item after the one running (at interpreter exit); waiters raise instead of waiting."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()
-            while self.running:
-                self.cond.wait()
 
     def idle(self):
         with self.cond:
@@ -157,17 +166,20 @@ class _Stream:
         with self.cond:
             target = self.enqueued
             while self.completed < target:
+                if self.closed:
+                    raise CudaError(4, _ERRORS[4])
                 self.cond.wait()
 
 
 class _Mark:
     """One record of an event: set when its stream reaches it, with the time it did."""
 
-    __slots__ = ("done", "time")
+    __slots__ = ("done", "time", "stream")
 
-    def __init__(self):
+    def __init__(self, stream):
         self.done = threading.Event()
         self.time = None
+        self.stream = stream  # the _Stream it was recorded on: synchronizing the event raises its failures
 
     def complete(self):
         self.time = time.perf_counter()
@@ -175,10 +187,24 @@ class _Mark:
 
 
 class _Event:
-    __slots__ = ("device", "timing", "mark")
+    __slots__ = ("timing", "mark")
 
-    def __init__(self, device, timing):
-        self.device, self.timing, self.mark = device, timing, None
+    def __init__(self, timing):
+        self.timing, self.mark = timing, None
+
+
+def _env_int(name, default, least, what):
+    """The integer in environment variable `name` (`default` when unset), at least `least`."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise ValueError(f"{name} must be {what} >= {least}, got {text!r}")
+    return value
 
 
 class SimDriver(Driver):
@@ -187,11 +213,8 @@ class SimDriver(Driver):
     host_waits = True  # a stream is a host thread: it can sleep, or wait for a gate, itself
 
     def __init__(self):
-        count = int(os.environ.get("MINITENSOR_SIM_DEVICES", "1"))
-        capacity = int(os.environ.get("MINITENSOR_SIM_MEMORY", str(4 << 30)))
-        if count < 1 or capacity < _ALIGNMENT:
-            raise ValueError("MINITENSOR_SIM_DEVICES must be >= 1 and MINITENSOR_SIM_MEMORY >= 512 bytes, got "
-                             f"{count} and {capacity}")
+        count = _env_int("MINITENSOR_SIM_DEVICES", 1, 1, "an integer")
+        capacity = _env_int("MINITENSOR_SIM_MEMORY", 4 << 30, _ALIGNMENT, "an integer number of bytes")
         self._capacity = capacity
         self._count = count
         self._arenas = [None] * count  # mapped on first use
@@ -201,15 +224,17 @@ class SimDriver(Driver):
         self._streams = {}  # handle -> _Stream
         self._events = {}  # handle -> _Event
         self._next_handle = 0x1000
-        self._errors = [[] for _ in range(count)]
         self._host = {}  # host_alloc'd address -> mmap
         self._registered = {}  # host_register'd address -> nbytes
         atexit.register(self._close_streams)
 
     def _close_streams(self):
+        """At exit: stop every stream, then wait for a kernel still inside Triton's interpreter (a worker in it
+        while Python finalises aborts the process). The lock stays taken, so no worker enters it again."""
         for device in range(self._count):
             for stream in self._device_streams(device):
                 stream.close()
+        _INTERPRETER_LOCK.acquire()
 
     # ------------------------------------------------------------------ devices
     def device_count(self):
@@ -232,22 +257,22 @@ class SimDriver(Driver):
         return self._tls.device or 0
 
     def synchronize(self, device):
-        for stream in self._device_streams(device):
+        streams = self._device_streams(device)
+        for stream in streams:
             stream.wait()
-        self._raise_error(device)
+        self._raise_error(streams)
 
     def error_string(self, code):
         return _ERRORS.get(code, "unknown error")
 
-    def _record_error(self, device, error):
-        self._errors[device].append(error)
-
-    def _raise_error(self, device):
-        errors = self._errors[device]
+    def _raise_error(self, streams):
+        """Raise the first failure kept by these streams, once; the later ones are dropped with it."""
+        with self._lock:
+            errors = sorted((error for s in streams for error in s.errors), key=lambda item: item[0])
+            for s in streams:
+                s.errors.clear()
         if errors:
-            error = errors.pop(0)
-            errors.clear()
-            raise error
+            raise errors[0][1]
 
     # ------------------------------------------------------------------ memory
     def _arena(self, device):
@@ -321,7 +346,7 @@ class SimDriver(Driver):
             # As in CUDA, a copy to or from pageable memory is synchronous: the caller may reuse the
             # buffer as soon as the call returns.
             s.wait()
-            self._raise_error(s.device)
+            self._raise_error([s])
             ctypes.memmove(dst, src, nbytes)
         else:
             s.enqueue(lambda: ctypes.memmove(dst, src, nbytes))
@@ -380,7 +405,7 @@ class SimDriver(Driver):
     def stream_synchronize(self, stream):
         s = self._stream(stream)
         s.wait()
-        self._raise_error(s.device)
+        self._raise_error([s])
 
     def stream_wait_event(self, stream, event):
         mark = self._event(event).mark
@@ -401,7 +426,7 @@ class SimDriver(Driver):
     def event_create(self, device, enable_timing, blocking):
         handle = self._new_handle()
         with self._lock:
-            self._events[handle] = _Event(device, enable_timing)
+            self._events[handle] = _Event(enable_timing)
         return handle
 
     def event_destroy(self, event):
@@ -409,19 +434,22 @@ class SimDriver(Driver):
             self._events.pop(event, None)
 
     def event_record(self, event, stream):
-        mark = _Mark()
-        self._event(event).mark = mark
-        self._stream(stream).enqueue(mark.complete)
+        e, s = self._event(event), self._stream(stream)
+        mark = _Mark(s)
+        s.enqueue(mark.complete)
+        e.mark = mark
 
     def event_query(self, event):
         mark = self._event(event).mark
         return mark is None or mark.done.is_set()
 
     def event_synchronize(self, event):
-        e = self._event(event)
-        if e.mark is not None:
-            e.mark.done.wait()
-        self._raise_error(e.device)
+        mark = self._event(event).mark
+        if mark is not None:
+            while not mark.done.wait(0.1):
+                if mark.stream.closed:
+                    raise CudaError(4, _ERRORS[4])
+            self._raise_error([mark.stream])
 
     def event_elapsed_ms(self, start, end):
         a, b = self._event(start), self._event(end)

@@ -33,12 +33,21 @@ def allocator(index):
         with _lock:
             a = _allocators.get(index)
             if a is None:
-                cls = UncachedAllocator if os.environ.get("MINITENSOR_NO_CACHING") == "1" else DeviceCachingAllocator
+                cls = UncachedAllocator if _no_caching() else DeviceCachingAllocator
                 driver = active_driver()
                 a = _allocators[index] = cls(driver, index, _checked(allocator_settings.current()))
                 if driver.device_count() == 1:
                     _only = a
     return a
+
+
+def _no_caching():
+    """MINITENSOR_NO_CACHING as torch reads its boolean flags: 1 or 0, anything else warns and counts as 0."""
+    value = os.environ.get("MINITENSOR_NO_CACHING", "0")
+    if value not in ("0", "1"):
+        warnings.warn(f"Ignoring invalid value for boolean flag MINITENSOR_NO_CACHING: {value!r}; valid values "
+                      "are 0 or 1.", RuntimeWarning, stacklevel=4)
+    return value == "1"
 
 
 def _allocator_of(device):

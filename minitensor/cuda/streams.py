@@ -73,7 +73,11 @@ class Stream:
 
     @property
     def stream_id(self):
-        return _stream_ids.setdefault(self.cuda_stream, len(_stream_ids))
+        stream_id = _stream_ids.get(self.cuda_stream)
+        if stream_id is None:
+            with _pool_lock:  # two threads' new handles must not both take the next id
+                stream_id = _stream_ids.setdefault(self.cuda_stream, len(_stream_ids))
+        return stream_id
 
     def query(self):
         """True when all work queued on the stream has completed."""

@@ -2,10 +2,24 @@
 
 On the simulator a stream is a host thread that waits itself (the driver's `host_waits`); on a GPU a spin kernel
 (kernels/timing.py) does, reading the clock or a flag in mapped pinned memory.
+
+A gate left closed would keep its stream waiting through the process's exit (a GPU's context waits for its
+kernels), so every gate a stream waits on is opened at exit.
 """
+import atexit
+import weakref
+
 from ..backends import active_driver
 from .devices import current_device
 from .streams import current_stream
+
+_waited = weakref.WeakSet()  # gates some stream has waited on: opened at exit
+
+
+@atexit.register
+def _open_all():
+    for gate in list(_waited):
+        gate.open()
 
 
 def sleep(ms):
@@ -24,7 +38,8 @@ class Gate:
     kernel waits for the device to go idle, which it never does before `open()`. The launcher refuses such a
     load on both backends (`launcher.closed_gates`) instead of hanging; another library's first use of one of
     its kernels (CuPy, torch) behind a closed gate hangs, unseen by minitensor. A gate dropped while closed
-    opens itself, so a failed test never leaves a stream blocked for every later call and the process's exit."""
+    opens itself, so a failed test never leaves a stream blocked for every later call, and one still referenced
+    at exit is opened then, so that the process exits."""
 
     def __init__(self):
         self._gate = active_driver().gate_create()
@@ -32,6 +47,7 @@ class Gate:
     def wait(self):
         driver, stream = active_driver(), current_stream().cuda_stream
         launcher, timing = _kernels()
+        _waited.add(self)
         if driver.host_waits:
             driver.gate_wait(self._gate, stream)
         else:

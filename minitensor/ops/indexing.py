@@ -3,10 +3,11 @@ in the gather kernels (kernels/index.py) for cuda tensors and in numpy for CPU t
 
 Out-of-range indices (negative ones too: neither op wraps them, as in torch) are never read. On the CPU they
 raise IndexError at the call. On cuda the kernel masks them (their output elements are 0) and writes the bad
-index into its device's error record (cuda/device_errors.py). On the simulated device the call waits for its
-kernel and raises at once; on a GPU the next synchronising call raises it (`mt.cuda.synchronize`,
-`Stream.synchronize`, `Event.synchronize`, and through them `.item()`, `.cpu()`, `.tolist()`), as torch's
-device-side assert surfaces late, but the device stays usable.
+index into the calling thread's error record for its device (cuda/device_errors.py). On the simulated device the
+call waits for its kernel and raises at once; on a GPU the thread's next synchronising call raises it
+(`mt.cuda.synchronize`, `Stream.synchronize`, `Event.synchronize`, and through them `.item()`, `.cpu()`,
+`.tolist()`), as torch's device-side assert surfaces late, but the device stays usable. Other threads never
+see it.
 
 Checks, output shape and launch plan are worked out once per signature (dtypes, shapes, strides, devices,
 dim): a repeated cuda call is a dict lookup, an allocation and a launch.
@@ -25,7 +26,7 @@ from ..core.host_arrays import numpy_view
 from ..core.layout import layout_number, layout_of
 from ..core.shapes import OVERLAP, contiguous_strides, normalize_dim, overlaps_itself
 from ..cuda import memory
-from ..cuda.device_errors import GATHER, INDEX_SELECT, info_word, message, raise_pending, record_address
+from ..cuda.device_errors import GATHER, INDEX_SELECT, info_word, message, thread_records
 from ..cuda.streams import Stream, _tls as _streams_tls, current_stream_handle
 from .runs import kernels
 
@@ -174,16 +175,16 @@ def _cuda_run(op, input, index, dim, out_shape, kernel_shape, index_strides, bas
     info = info_word(op, dim, size)
     plan = kernels().index_plans.gather_plan(dtype.itemsize, index.dtype.triton, kernel_shape, index_strides,
                                              base_strides, size, dim_stride, info, d)
-    err = record_address(d)
     in_size, index_size = dtype.itemsize, index.dtype.itemsize
-    plan_run, new_storage, new_tensor = plan.run, allocate, fields.tensor
+    plan_run, new_storage, new_tensor, records = plan.run, allocate, fields.tensor, thread_records
     wait = active_driver().interprets_kernels
 
     def run(input, index):
         stream = current_stream_handle(d)
         storage = new_storage(nbytes, device, allocator, stream)
         plan_run(stream, input._storage._block.ptr + input._offset * in_size,
-                 index._storage._block.ptr + index._offset * index_size, storage._block.ptr, err)
+                 index._storage._block.ptr + index._offset * index_size, storage._block.ptr,
+                 records.addresses[d])
         if wait:
             _raise_now(d, stream)
         return new_tensor(storage, out_shape, out_strides, 0, dtype, out_layout)
@@ -199,6 +200,7 @@ def _cuda_run(op, input, index, dim, out_shape, kernel_shape, index_strides, bas
         data_ptr = input._storage._block.ptr + input._offset * in_size
         index_ptr = index._storage._block.ptr + index._offset * index_size
         out_ptr = storage._block.ptr
+        err = records.addresses[d]  # the calling thread's record: its error is raised in this thread only
         if (index_ptr | out_ptr) & 15:
             plan_run(stream, data_ptr, index_ptr, out_ptr, err)
         else:
@@ -208,9 +210,9 @@ def _cuda_run(op, input, index, dim, out_shape, kernel_shape, index_strides, bas
 
 
 def _raise_now(device, stream):
-    """Simulated device: wait for the kernel just queued and raise its IndexError at the call."""
+    """Simulated device: wait for the kernel just queued and raise its IndexError at the call (Stream.synchronize
+    raises what this thread's kernels recorded)."""
     Stream(device, _handle=stream).synchronize()
-    raise_pending(device)
 
 
 # ---------------------------------------------------------------------------------------------- CPU

@@ -12,12 +12,16 @@ devices' (as torch's CPU and CUDA streams differ); the same seed gives the same 
 
 Each op is checked and planned once per signature (dtype, shape, strides, device): `_runs` keeps a closure
 that a repeated call runs straight away (argument checks, counter reservation, one launch), and `_factories`
-does the same for rand/randn/randint.
+does the same for rand/randn/randint. The closures are built from a `Like` (the layout alone), never from a
+tensor: a cache entry holds no device memory. Both caches are keyed by user sizes, so each starts over once
+it holds CACHE_LIMIT signatures.
 """
 import math
 import numbers
 import operator
+import threading
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,8 +31,8 @@ from ..core import fields
 from ..core.alloc import empty
 from ..core.fields import allocate
 from ..core.host_arrays import numpy_values, numpy_view, to_storage_values
-from ..core.layout import layout_of
-from ..core.shapes import contiguous_strides, shape_arg
+from ..core.layout import layout_number, layout_of
+from ..core.shapes import contiguous_strides, is_contiguous, shape_arg
 from ..cuda import memory
 from ..cuda.devices import as_device, current_device
 from ..cuda.random import DEFAULT_SEED, check_seed, generator as cuda_generator, manual_seed_all
@@ -48,6 +52,7 @@ _CPP_NAMES = {"bool": "bool", "uint8": "unsigned char", "int8": "signed char", "
 # ---------------------------------------------------------------------------------------------- the CPU's generator
 _cpu_seed = DEFAULT_SEED
 _cpu = None
+_cpu_lock = threading.Lock()  # two threads' first draws share one generator, not two with the same seed
 
 
 def manual_seed(seed):
@@ -65,14 +70,36 @@ def initial_seed():
 
 def cpu_generator():
     global _cpu
-    if _cpu is None:
-        _cpu = np.random.Generator(np.random.Philox(key=_cpu_seed))
-    return _cpu
+    g = _cpu
+    if g is None:
+        with _cpu_lock:
+            if _cpu is None:
+                _cpu = np.random.Generator(np.random.Philox(key=_cpu_seed))
+            g = _cpu
+    return g
 
 
 # ---------------------------------------------------------------------------------------------- plumbing
-_runs = {}  # (op, dtype, shape, strides, device index) -> run(t, *args) for that layout, checked once
+CACHE_LIMIT = 1024  # signatures per cache (the plans behind them: kernels/random_plans.py keeps 1024 too)
+_runs = {}  # (op, layout number) -> run(t, *args) for that layout, checked once
 _factories = {}  # (op, size, dtype, device argument[, current device]) -> make(*args) -> new tensor
+
+
+class Like(NamedTuple):
+    """The layout of the tensors a run serves: what its builder may keep (a tensor would keep its memory)."""
+    shape: tuple
+    stride: tuple
+    dtype: object
+    device: object
+    contiguous: bool
+
+
+def _remember(cache, key, value):
+    """cache[key] = value; a full cache starts over, so user sizes cannot grow it without bound."""
+    if len(cache) >= CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def _real(x, name):
@@ -84,12 +111,12 @@ def _real(x, name):
     return float(x)
 
 
-def _filler(t, plan_of, cpu_values):
-    """fill(t, s0, s1) for tensors laid out as t: a kernel launch (`plan_of(n, device_index)`) on cuda,
+def _filler(like, plan_of, cpu_values):
+    """fill(t, s0, s1) for tensors laid out as `like`: a kernel launch (`plan_of(n, device_index)`) on cuda,
     `cpu_values(generator, n, s0, s1)` (host values in row-major order) on the CPU. Layouts other than
     contiguous go through a contiguous temporary, so they get the numbers a contiguous tensor would."""
-    shape, dtype, device = t._shape, t.dtype, t.device
-    if any(st == 0 and size > 1 for st, size in zip(t._stride, shape)):
+    shape, dtype, device = like.shape, like.dtype, like.device
+    if any(st == 0 and size > 1 for st, size in zip(like.stride, shape)):
         raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
                            "single memory location. Please clone() the tensor before performing the operation.")
     n = math.prod(shape)
@@ -110,7 +137,7 @@ def _filler(t, plan_of, cpu_values):
         g.offset = offset + counters
         release()
         launch(current_stream_handle(index), t._storage._block.ptr + t._offset * itemsize, g.key, offset, s0, s1)
-    if t.is_contiguous():
+    if like.contiguous:
         return fill
 
     def fill_strided(t, s0, s1):
@@ -125,7 +152,8 @@ def _run(op, t):
     key = (op, t._layout or layout_of(t))
     run = _runs.get(key)
     if run is None:
-        run = _runs[key] = _BUILDERS[op](t)
+        like = Like(t._shape, t._stride, t.dtype, t.device, is_contiguous(t._shape, t._stride))
+        run = _remember(_runs, key, _BUILDERS[op](like))
     return run
 
 
@@ -142,7 +170,7 @@ def new(op, size, dtype, device, a, b):
     except TypeError:  # a list size: unhashable, no memo
         return _factory(op, size, dtype, device)(a, b)
     if make is None:
-        make = _factories[key] = _factory(op, size, dtype, device)
+        make = _remember(_factories, key, _factory(op, size, dtype, device))
     return make(a, b)
 
 
@@ -150,13 +178,16 @@ def _factory(op, size, dtype, device):
     shape = shape_arg(size)
     dtype = dtype or (dtypes.int64 if op == "random" else dtypes.default_float)
     device = CPU if device is None else as_device(device)
-    template = empty(shape, dtype, device)
-    run = _run(op, template)
-    if device.type == "cpu" or template.numel() == 0:
+    strides = contiguous_strides(shape)
+    layout = layout_number(dtype, shape, strides, device.index)
+    run = _runs.get((op, layout))
+    if run is None:
+        run = _remember(_runs, (op, layout), _BUILDERS[op](Like(shape, strides, dtype, device, True)))
+    n = math.prod(shape)
+    if device.type == "cpu" or n == 0:
         return lambda a, b: run(empty(shape, dtype, device), a, b)
-    index, strides, nbytes = device.index, contiguous_strides(shape), template.nbytes
+    index, nbytes = device.index, n * dtype.itemsize
     allocator, new_storage, new_tensor = memory.allocator(index), allocate, fields.tensor
-    layout = layout_of(template)
 
     def make(a, b):
         storage = new_storage(nbytes, device, allocator, current_stream_handle(index))
@@ -170,8 +201,8 @@ def uniform_(t, a=0.0, b=1.0):
     return _run("uniform", t)(t, a, b)
 
 
-def _uniform_run(t):
-    dtype = t.dtype
+def _uniform_run(like):
+    dtype = like.dtype
     if not dtype.is_floating_point:
         raise NotImplementedError(f"\"check_uniform_bounds\" not implemented for '{dtypes.TORCH_NAMES[dtype.name]}'")
     limit = _FLOAT_MAX[dtype.name]
@@ -182,7 +213,7 @@ def _uniform_run(t):
         v = _rounded((g.random(n, dtype=np_type) * (high - low) + low).astype(np_type), dtype)
         v[v == high] = low
         return to_storage_values(v, dtype)
-    fill = _filler(t, lambda n, index: kernels().random_plans.uniform_plan(dtype, n, index), values)
+    fill = _filler(like, lambda n, index: kernels().random_plans.uniform_plan(dtype, n, index), values)
 
     def run(t, a=0.0, b=1.0):
         low = a if type(a) is float else _real(a, "from")
@@ -221,16 +252,16 @@ def normal_(t, mean=0.0, std=1.0):
     return _run("normal", t)(t, mean, std)
 
 
-def _normal_run(t):
-    dtype = t.dtype
+def _normal_run(like):
+    dtype = like.dtype
     if not dtype.is_floating_point:
-        kernel = "normal_kernel_cpu" if t.device.type == "cpu" else "normal_kernel_cuda"
+        kernel = "normal_kernel_cpu" if like.device.type == "cpu" else "normal_kernel_cuda"
         raise NotImplementedError(f"\"{kernel}\" not implemented for '{dtypes.TORCH_NAMES[dtype.name]}'")
     np_type = np.float64 if dtype is dtypes.float64 else np.float32
 
     def values(g, n, mean, std):
         return to_storage_values(g.standard_normal(n, dtype=np_type) * np_type(std) + np_type(mean), dtype)
-    fill = _filler(t, lambda n, index: kernels().random_plans.normal_plan(dtype, n, index), values)
+    fill = _filler(like, lambda n, index: kernels().random_plans.normal_plan(dtype, n, index), values)
 
     def run(t, mean=0.0, std=1.0):
         mean = mean if type(mean) is float else _real(mean, "mean")
@@ -255,9 +286,9 @@ def bernoulli_(t, p=0.5):
     return _run("bernoulli_p" if isinstance(p, fields.TensorFields) else "bernoulli", t)(t, p)
 
 
-def _bernoulli_run(t):
-    dtype = t.dtype
-    fill = _filler(t, lambda n, index: kernels().random_plans.bernoulli_plan(None, dtype, n, index),
+def _bernoulli_run(like):
+    dtype = like.dtype
+    fill = _filler(like, lambda n, index: kernels().random_plans.bernoulli_plan(None, dtype, n, index),
                    lambda g, n, p, _: to_storage_values(g.random(n) < p, dtype))
 
     def run(t, p=0.5, _=None):
@@ -269,10 +300,10 @@ def _bernoulli_run(t):
     return run
 
 
-def _bernoulli_tensor_run(t):
+def _bernoulli_tensor_run(like):
     """p a float tensor broadcast to t's shape, on t's device (moved there, as torch does); on the GPU, p
     outside [0, 1] draws 0 below and 1 above (torch stops at a device-side assert)."""
-    dtype, shape, device = t.dtype, t._shape, t.device
+    dtype, shape, device = like.dtype, like.shape, like.device
     fills = {}
 
     def fill_for(p_dtype):
@@ -283,7 +314,7 @@ def _bernoulli_tensor_run(t):
                     raise NotImplementedError(f"\"bernoulli_tensor_cpu_p_\" not implemented for '{name}'")
                 raise RuntimeError(f"expected probabilities tensor to have floating type, got {name}")
             fills[p_dtype] = _filler(
-                t, lambda n, index: kernels().random_plans.bernoulli_plan(p_dtype, dtype, n, index),
+                like, lambda n, index: kernels().random_plans.bernoulli_plan(p_dtype, dtype, n, index),
                 lambda g, n, p, _: to_storage_values(g.random(n) < p, dtype))
         return fills[p_dtype]
 
@@ -317,8 +348,8 @@ def random_(t, *args, **kwargs):
     return _run("random", t)(t, bound.get("from", 0), bound.get("to"))
 
 
-def _random_run(t):
-    dtype = t.dtype
+def _random_run(like):
+    dtype = like.dtype
     cpp = _CPP_NAMES[dtype.name]
     if dtype is dtypes.bool_:
         lowest, highest = 0, 1
@@ -338,7 +369,7 @@ def _random_run(t):
     def fill(mode):
         if mode not in fills:
             fills[mode] = _filler(
-                t, lambda n, index: kernels().random_plans.integers_plan(mode, dtype, n, index), values)
+                like, lambda n, index: kernels().random_plans.integers_plan(mode, dtype, n, index), values)
         return fills[mode]
 
     def check(value, what):
