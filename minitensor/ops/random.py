@@ -28,7 +28,7 @@ from ..core.alloc import empty
 from ..core.fields import allocate
 from ..core.host_arrays import numpy_values, numpy_view, to_storage_values
 from ..core.layout import layout_of
-from ..core.shapes import contiguous_strides, shape_arg
+from ..core.shapes import contiguous_strides, new_shape
 from ..cuda import memory
 from ..cuda.devices import as_device, current_device
 from ..cuda.random import DEFAULT_SEED, check_seed, generator as cuda_generator, manual_seed_all
@@ -147,7 +147,7 @@ def new(op, size, dtype, device, a, b):
 
 
 def _factory(op, size, dtype, device):
-    shape = shape_arg(size)
+    shape = new_shape(size)
     dtype = dtype or (dtypes.int64 if op == "random" else dtypes.default_float)
     device = CPU if device is None else as_device(device)
     template = empty(shape, dtype, device)
@@ -270,8 +270,9 @@ def _bernoulli_run(t):
 
 
 def _bernoulli_tensor_run(t):
-    """p a float tensor broadcast to t's shape, on t's device (moved there, as torch does); on the GPU, p
-    outside [0, 1] draws 0 below and 1 above (torch stops at a device-side assert)."""
+    """p a float tensor broadcast to t's shape, on t's device (moved there, as torch does). p outside [0, 1]
+    (NaN too) raises on both devices, as on torch's CPU (its GPU stops at a device-side assert instead); on cuda
+    the check waits for p's values."""
     dtype, shape, device = t.dtype, t._shape, t.device
     fills = {}
 
@@ -289,15 +290,14 @@ def _bernoulli_tensor_run(t):
 
     def run(t, p, _=None):
         fill = fill_for(p.dtype)
-        if p._shape != shape or not p.is_contiguous():
-            p = p.expand(shape)
         if p.device != device:
             p = p.to(device)
+        if not ((p >= 0) & (p <= 1)).all().item():
+            raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
+        if p._shape != shape or not p.is_contiguous():
+            p = p.expand(shape)
         if device.type == "cpu":
-            values = numpy_values(p)
-            if not np.all((values >= 0) & (values <= 1)):
-                raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
-            fill(t, values.reshape(-1), None)
+            fill(t, numpy_values(p).reshape(-1), None)
         else:
             fill(t, 0.0, p.contiguous().data_ptr())
         return t
