@@ -1,22 +1,22 @@
 """Tensor factories: torch's names, dtype inference and argument forms."""
 import ctypes
 import math
-import numbers
 
 import numpy as np
 
 from .base import dtypes
 from .base.device import CPU
 from .core import fields
-from .core.host_arrays import to_storage_values
+from .core.host_arrays import checked_scalar, data_values, plain_number, python_number, to_storage_values
 from .core.layout import layout_number
-from .core.shapes import contiguous_strides, extent, shape_arg
+from .core.shapes import contiguous_strides, extent, new_shape, shape_arg
 from .core.storage import UntypedStorage
 from .cuda import memory
 from .cuda.devices import as_device
 from .cuda.streams import _tls as _streams_tls
 from .interop import foreign_tensor
 from .ops import random
+from .ops.copy import fill_value as fill_value_for
 from .ops.typing import result_type
 from .tensor import Tensor
 
@@ -38,24 +38,26 @@ def _from_host(values, dtype, device):
     return t if device.type == "cpu" else t.to(device)
 
 
-def _infer_dtype(array):
-    kind = array.dtype.kind
-    if kind == "b":
-        return dtypes.bool_
-    if kind in "iu":
-        return dtypes.int64
-    if kind == "f":
-        return dtypes.default_float
-    raise TypeError(f"Could not infer dtype of {array.dtype}")
-
-
 def _pinned(t, pin_memory):
     """`t` itself, or with pin_memory=True a pinned copy of it (CPU only, as in torch)."""
     return t.pin_memory() if pin_memory else t
 
 
+def _flag(value, name):
+    """A bool argument, as torch wants it (a string would otherwise read as True)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"argument '{name}' must be bool, not {type(value).__name__}")
+    return value
+
+
+def _dtype(dtype, default, function):
+    """The dtype argument of factory `function`: `default` for None, else checked (base/dtypes.dtype_arg)."""
+    return default if dtype is None else dtypes.dtype_arg(dtype, function)
+
+
 def tensor(data, dtype=None, device=None, pin_memory=False, requires_grad=False):
-    return _pinned(_tensor(data, dtype, device), pin_memory)
+    pin_memory = _flag(pin_memory, "pin_memory")
+    return _pinned(_tensor(data, _dtype(dtype, None, "tensor"), device), pin_memory)
 
 
 def _tensor(data, dtype, device):
@@ -66,36 +68,37 @@ def _tensor(data, dtype, device):
     device = _device(device)
     if isinstance(data, Tensor):
         return data.to(device=device, dtype=dtype or data.dtype, copy=True)
-    if isinstance(data, (np.ndarray, np.generic)):  # numpy scalars keep their dtype, as in torch
-        array = np.asarray(data)
-        inferred = dtypes.from_numpy(array.dtype)
-    else:
-        array = _nested_to_numpy(data)
-        inferred = _infer_dtype(array)
-    return _from_host(array, dtype or inferred, device)
+    if isinstance(data, np.ndarray):  # cast as numpy casts (wrapping), as torch does
+        return _from_host(data, dtype or dtypes.from_numpy(data.dtype), device)
+    if isinstance(data, np.generic):  # a number, checked like one, that keeps its dtype as in torch
+        dtype = dtype or dtypes.from_numpy(data.dtype)
+    items, types = _python_data(data)
+    if dtype is None:  # torch's inference: the default float if any element is a float, else int64, else bool
+        dtype = (dtypes.default_float if float in types or not types else dtypes.int64 if int in types
+                 else dtypes.bool_)
+    return _from_host(data_values(items, types, dtype), dtype, device)
 
 
-def _nested_to_numpy(data):
-    def check(x, dim):
-        if isinstance(x, (list, tuple)):
-            lengths = {len(y) if isinstance(y, (list, tuple)) else -1 for y in x}
-            if len(lengths) > 1:
+def _python_data(data):
+    """`data` (a number, or nested lists, tuples and ranges of numbers, numpy scalars and one-element tensors) as
+    nested lists of Python bools, ints and floats, and the set of those types."""
+    types = set()
+
+    def walk(x, dim):
+        if isinstance(x, (list, tuple, range)):
+            if len({len(y) if isinstance(y, (list, tuple, range)) else -1 for y in x}) > 1:
                 raise ValueError(f"expected sequence of equal lengths at dim {dim + 1}")
-            for y in x:
-                check(y, dim + 1)
-        elif isinstance(x, Tensor):
+            return [walk(y, dim + 1) for y in x]
+        if isinstance(x, Tensor):
             if x.numel() != 1:
                 raise ValueError("only one element tensors can be converted to Python scalars")
-        elif not isinstance(x, (numbers.Number, np.generic)) or isinstance(x, complex):
+            x = x.item()
+        number = plain_number(x)
+        if number is None:
             raise TypeError(f"new(): invalid data type '{type(x).__name__}'")
-    check(data, 0)
-    return np.array(_items(data))
-
-
-def _items(x):
-    if isinstance(x, (list, tuple)):
-        return [_items(y) for y in x]
-    return x.item() if isinstance(x, (Tensor, np.generic)) else x
+        types.add(type(number))
+        return number
+    return walk(data, 0), types
 
 
 _empty_makers = {}  # (size, dtype, device index, pin_memory) -> make() -> a new tensor of that kind
@@ -104,7 +107,8 @@ _empty_makers = {}  # (size, dtype, device index, pin_memory) -> make() -> a new
 def empty(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
     """Uninitialised memory; a microbenchmark's favourite, so what a call needs besides the allocation is
     worked out once per (size, dtype, device, pin_memory) and kept in a `make` function."""
-    dtype = dtype or dtypes.default_float
+    if dtype is None:
+        dtype = dtypes.default_float
     device = CPU if device is None else as_device(device)
     key = (size, dtype, device.index, pin_memory)  # a device's index says which one it is (None: the CPU)
     try:
@@ -117,7 +121,7 @@ def empty(*size, dtype=None, device=None, pin_memory=False, requires_grad=False)
 
 
 def _empty_maker(size, dtype, device, pin_memory):
-    shape = shape_arg(size)
+    shape, dtype, pin_memory = new_shape(size), dtypes.dtype_arg(dtype, "empty"), _flag(pin_memory, "pin_memory")
     nbytes, strides = math.prod(shape) * dtype.itemsize, contiguous_strides(shape)
     layout = layout_number(dtype, shape, strides, device.index)
     if pin_memory:
@@ -138,41 +142,60 @@ def _empty_maker(size, dtype, device, pin_memory):
 
 
 def full(size, fill_value, dtype=None, device=None, pin_memory=False, requires_grad=False):
-    if dtype is None:
-        dtype = result_type(fill_value)
-    t = empty(shape_arg((size,)), dtype=dtype, device=device, pin_memory=pin_memory)
-    return t.fill_(fill_value)
+    """A new tensor of `fill_value`, which is checked against the dtype before any memory is taken."""
+    dtype = _dtype(dtype, None, "full") or result_type(fill_value)
+    value = fill_value_for(dtype, fill_value)
+    return empty(new_shape((size,)), dtype=dtype, device=device, pin_memory=pin_memory).fill_(value)
 
 
 def zeros(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
-    return full(shape_arg(size), 0, dtype=dtype or dtypes.default_float, device=device, pin_memory=pin_memory)
+    return full(shape_arg(size), 0, dtype=_dtype(dtype, dtypes.default_float, "zeros"), device=device,
+                pin_memory=pin_memory)
 
 
 def ones(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
-    return full(shape_arg(size), 1, dtype=dtype or dtypes.default_float, device=device, pin_memory=pin_memory)
+    return full(shape_arg(size), 1, dtype=_dtype(dtype, dtypes.default_float, "ones"), device=device,
+                pin_memory=pin_memory)
 
 
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
+    """[start, end) by step, with torch's checks: a finite range, a nonzero step of its sign, and for an
+    integer dtype bounds that int64 holds (the values are computed in int64, then cast, wrapping as torch)."""
     if end is None:
         start, end = 0, start
-    if step == 0:
+    start, end, step = (python_number(x.item() if isinstance(x, Tensor) else x, f"arange(): argument '{name}'")
+                        for x, name in ((start, "start"), (end, "end"), (step, "step")))
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise RuntimeError(f"unsupported range: {start} -> {end}")
+    if not (step > 0 or step < 0):  # NaN too, as torch
         raise RuntimeError("step must be nonzero")
     if (end - start) * step < 0:
-        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
-    if dtype is None:
-        dtype = result_type(start, end, step)
-    n = max(0, math.ceil((end - start) / step))
+        raise RuntimeError("upper bound and lower bound inconsistent with step sign")
+    dtype = _dtype(dtype, None, "arange") or result_type(start, end, step)
+    device = _device(device)
+    if dtype is dtypes.bool_:
+        raise NotImplementedError(f"\"arange_{device.type}\" not implemented for 'Bool'")
+    if not dtype.is_floating_point:
+        for x in (start, end, step):
+            checked_scalar(dtypes.int64, x)
+    exact = all(type(x) is not float for x in (start, end, step))  # ints: the size without rounding
+    size = -((start - end) // step) if exact else (end - start) / step
+    if not size < 2**63:  # an infinite quotient too
+        raise RuntimeError("invalid size, possible overflow?")
+    n = size if exact else math.ceil(size)
     return _from_host(start + step * np.arange(n, dtype=np.float64 if dtype.is_floating_point else np.int64),
-                      dtype, _device(device))
+                      dtype, device)
 
 
 def rand(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
     """Uniform in [0, 1), drawn on the tensor's device (random.py)."""
-    return _pinned(random.new("uniform", size, dtype, device, 0.0, 1.0), pin_memory)
+    pin_memory = _flag(pin_memory, "pin_memory")
+    return _pinned(random.new("uniform", size, _dtype(dtype, None, "rand"), device, 0.0, 1.0), pin_memory)
 
 
 def randn(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
-    return _pinned(random.new("normal", size, dtype, device, 0.0, 1.0), pin_memory)
+    pin_memory = _flag(pin_memory, "pin_memory")
+    return _pinned(random.new("normal", size, _dtype(dtype, None, "randn"), device, 0.0, 1.0), pin_memory)
 
 
 def randint(low, high=None, size=None, dtype=None, device=None, pin_memory=False, requires_grad=False):
@@ -183,35 +206,37 @@ def randint(low, high=None, size=None, dtype=None, device=None, pin_memory=False
         low, high = 0, low
     if size is None:
         raise TypeError("randint() missing required argument 'size'")
-    return _pinned(random.new("random", (size,), dtype, device, low, high), pin_memory)
+    pin_memory = _flag(pin_memory, "pin_memory")
+    return _pinned(random.new("random", (size,), _dtype(dtype, None, "randint"), device, low, high), pin_memory)
 
 
 def empty_like(t, dtype=None, device=None):
-    return empty(t._shape, dtype=dtype or t.dtype, device=device or t.device)
+    return empty(t._shape, dtype=_dtype(dtype, t.dtype, "empty_like"), device=device or t.device)
 
 
 def zeros_like(t, dtype=None, device=None):
-    return zeros(t._shape, dtype=dtype or t.dtype, device=device or t.device)
+    return zeros(t._shape, dtype=_dtype(dtype, t.dtype, "zeros_like"), device=device or t.device)
 
 
 def ones_like(t, dtype=None, device=None):
-    return ones(t._shape, dtype=dtype or t.dtype, device=device or t.device)
+    return ones(t._shape, dtype=_dtype(dtype, t.dtype, "ones_like"), device=device or t.device)
 
 
 def full_like(t, fill_value, dtype=None, device=None):
-    return full(t._shape, fill_value, dtype=dtype or t.dtype, device=device or t.device)
+    return full(t._shape, fill_value, dtype=_dtype(dtype, t.dtype, "full_like"), device=device or t.device)
 
 
 def rand_like(t, dtype=None, device=None):
-    return rand(t._shape, dtype=dtype or t.dtype, device=device or t.device)
+    return rand(t._shape, dtype=_dtype(dtype, t.dtype, "rand_like"), device=device or t.device)
 
 
 def randn_like(t, dtype=None, device=None):
-    return randn(t._shape, dtype=dtype or t.dtype, device=device or t.device)
+    return randn(t._shape, dtype=_dtype(dtype, t.dtype, "randn_like"), device=device or t.device)
 
 
 def randint_like(t, low, high=None, dtype=None, device=None):
-    return randint(low, high, t._shape, dtype=dtype or t.dtype, device=device or t.device)
+    return randint(low, high, t._shape, dtype=_dtype(dtype, t.dtype, "randint_like"),
+                   device=device or t.device)
 
 
 def from_numpy(array):
@@ -241,6 +266,7 @@ def from_numpy(array):
 def as_tensor(data, dtype=None, device=None):
     """No copy when `data` already is a tensor (or numpy array, or another library's array through the CUDA
     array interface or DLPack) of that dtype and device."""
+    dtype = _dtype(dtype, None, "as_tensor")
     if isinstance(data, np.ndarray) and all(s >= 0 for s in data.strides):
         data = from_numpy(data)
     foreign = foreign_tensor(data)

@@ -13,6 +13,7 @@ from .core.fields import TensorFields
 from .core.host_arrays import numpy_values, numpy_view
 from .core.storage import UntypedStorage
 from .cuda.devices import as_device, cuda_device
+from .cuda.streams import checked_stream
 from .interop import cuda_array_interface, dlpack_device, to_dlpack, to_numpy_array
 from .ops import indexing, pointwise, random, reductions
 from .ops.copy import copy_, fill_
@@ -343,9 +344,10 @@ class Tensor(TensorFields):
         is done, even after the tensor is freed."""
         if self.device.type != "cuda":
             raise RuntimeError("record_stream expects a cuda tensor")
+        handle = checked_stream(stream, "record_stream(): argument 'stream'").cuda_stream
         storage = self._storage
         if storage._allocator is not None:  # external memory (DLPack, CAI): its owner frees it, as in torch
-            storage._allocator.record_stream(storage._block, stream.cuda_stream)
+            storage._allocator.record_stream(storage._block, handle)
 
     # ------------------------------------------------------------------ pointwise ops
     def add(self, other, *, alpha=1): return pointwise.binary("add", self, other, alpha=alpha)
@@ -445,6 +447,8 @@ def _parse_to(args, kwargs):
     """Tensor.to's overloads: to(dtype), to(device[, dtype]), to(tensor), and the keywords."""
     device = kwargs.pop("device", None)
     dtype = kwargs.pop("dtype", None)
+    if dtype is not None:
+        dtype = dtypes.dtype_arg(dtype, "to")
     non_blocking = kwargs.pop("non_blocking", False)
     copy = kwargs.pop("copy", False)
     kwargs.pop("memory_format", None)

@@ -190,12 +190,29 @@ def test_gather_from_empty_dim_raises(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["float32", "int8", "bfloat16"])
+def test_gather_takes_an_int32_index(device, name):
+    """As torch 2.x (and index_select): int32 indices gather what int64 ones do, and are checked the same way."""
+    rng = np.random.default_rng(5)
+    src = values(rng, (4, 6), name)
+    x = mt.tensor(src, dtype=D(name), device=device)
+    idx = rng.integers(0, 6, (4, 9))
+    for layout in (lambda t: t, lambda t: t.t().contiguous().t(), lambda t: t[:, ::2]):
+        index32 = layout(mt.tensor(idx, dtype=mt.int32, device=device))
+        index64 = layout(mt.tensor(idx, device=device))
+        assert np.array_equal(host(x.gather(1, index32)), host(x.gather(1, index64)))
+        assert np.array_equal(host(mt.gather(x, 1, index32)), np.take_along_axis(src, host(index64), 1))
+    for bad in (6, -1):
+        raises_index_error(lambda: x.gather(1, mt.tensor([[0, bad]], dtype=mt.int32, device=device)),
+                           f"index {bad} is out of bounds for dimension 1 with size 6")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_gather_argument_errors(device):
     x = mt.ones(2, 3, device=device)
-    with pytest.raises(RuntimeError, match=r"gather\(\): Expected dtype int64 for index"):
-        x.gather(0, mt.tensor([[0]], dtype=mt.int32, device=device))
-    with pytest.raises(RuntimeError, match=r"gather\(\): Expected dtype int64 for index"):
-        x.gather(0, mt.tensor([[0.0]], device=device))
+    for bad in (mt.int16, mt.uint8, mt.float32, mt.bool):
+        with pytest.raises(RuntimeError, match=r"^gather\(\): Expected dtype int32/int64 for index$"):
+            x.gather(0, mt.tensor([[0]], dtype=bad, device=device))
     with pytest.raises(RuntimeError, match="Index tensor must have the same number of dimensions as input tensor"):
         x.gather(0, mt.tensor([0], device=device))
     with pytest.raises(RuntimeError, match=r"Size does not match at dimension 1 expected index \[1, 4\] to be "

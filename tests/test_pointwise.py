@@ -302,6 +302,9 @@ def binary_expect(op, a, b, an, bn):
         return Raises(RuntimeError, r"Subtraction, the `-` operator, with .*bool tensor")
     if op in BITWISE and is_float(result):
         return not_implemented(result)
+    if op == "pow" and result == "bool" and an is not None and isinstance(b, bool):
+        base = np.asarray(a, bool)
+        return (base if b else np.ones_like(base)), "bool"  # torch's pow: x ** 1 is x, x ** 0 is 1
     if op in ("floor_divide", "remainder", "pow") and result == "bool":
         return not_implemented("bool")
     if op == "pow" and result in INTS and bn is None and not isinstance(b, bool) and b < 0:
@@ -716,6 +719,64 @@ def test_where_needs_bool_condition(device):
         with pytest.raises(RuntimeError, match=f"where expected condition to be a boolean tensor, but got a tensor "
                                                f"with dtype {TORCH_NAME[name]}"):
             mt.where(c, a, a)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_where_takes_a_uint8_condition_with_a_warning(device):
+    """As torch 2.13: a uint8 condition works (nonzero is true) and warns that it is deprecated."""
+    cond = np.array([1, 0, 7, 0], np.uint8)
+    x, y = np.arange(4.0), -np.arange(4.0)
+    for call in (lambda c: mt.where(c, mk(x, "float32", device), mk(y, "float32", device)),
+                 lambda c: mk(x, "float32", device).where(c, -1.5), lambda c: mt.where(c, 2, 3)):
+        with pytest.warns(UserWarning, match="where received a uint8 condition tensor"):
+            got = call(mk(cond, "uint8", device))
+        assert to_np(got).tolist() == to_np(call(mk(cond != 0, "bool", device))).tolist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bool_tensor_to_a_bool_power(device):
+    """torch's pow copies x for an exponent of 1 (True) and gives ones for 0 (False), so a bool tensor takes a bool
+    exponent; bool ** bool tensor and True ** bool tensor stay unimplemented, as in torch."""
+    t = mk(np.array([True, False]), "bool", device)
+    for _ in range(2):  # the second round runs the cached path
+        assert (t ** True).dtype == mt.bool and to_np(t ** True).tolist() == [True, False]
+        assert to_np(t ** False).tolist() == [True, True]
+        assert to_np(mt.pow(t, True)).tolist() == [True, False]
+        assert to_np(t ** np.bool_(False)).tolist() == [True, True]
+    u = mk(np.array([True, False]), "bool", device)
+    u **= True
+    assert to_np(u).tolist() == [True, False]
+    assert to_np(u.pow_(False)).tolist() == [True, True]
+    assert (t ** 2).dtype == mt.int64 and to_np(t ** 2).tolist() == [1, 0]
+    for call in (lambda: t ** t, lambda: True ** t):
+        with pytest.raises(RuntimeError, match="\"pow_.*\" not implemented for 'Bool'"):
+            call()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unary_out_must_have_the_input_dtype(device):
+    """The ops that keep the dtype take no out= of another one: torch's "Found dtype Double but expected Long"
+    (checked before "not implemented"; the float functions cast into a wider out=, as before)."""
+    f = Failures()
+    pairs = [("int64", "float64"), ("float32", "float64"), ("int32", "int64"), ("float64", "float32"),
+             ("float32", "int64"), ("int64", "int32"), ("float16", "float32"), ("int8", "bool"), ("bool", "int64")]
+    for op in ("neg", "abs", "floor", "ceil", "round", "bitwise_not", "relu"):
+        for src, dst in pairs:
+            def case(op=op, src=src, dst=dst):
+                out = mk(np.full(3, 7), dst, device)
+                if op == "neg" and src == "bool":
+                    message = "Negation, the `-` operator, on a bool tensor is not supported"
+                else:
+                    message = f"^Found dtype {TORCH_NAME[dst]} but expected {TORCH_NAME[src]}$"
+                with pytest.raises(RuntimeError, match=message):
+                    getattr(mt, op)(mk(np.ones(3), src, device), out=out)
+                assert to_np(out).tolist() == to_np(mk(np.full(3, 7), dst, device)).tolist()
+            f.run(f"{op} {src} -> out {dst}", case)
+    f.check()
+    out = mk(np.zeros(2), "int64", device)
+    assert mt.neg(mk(np.array([1, -2]), "int64", device), out=out) is out and to_np(out).tolist() == [-1, 2]
+    wide = mk(np.zeros(2), "float64", device)
+    assert to_np(mt.exp(mk(np.zeros(2), "float32", device), out=wide)).tolist() == [1.0, 1.0]
 
 
 CLAMP_BOUNDS = {"uint8": (2, 9), "int8": (-3, 5), "int16": (-3, 5), "int32": (-3, 5), "int64": (-3, 5),

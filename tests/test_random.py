@@ -464,9 +464,23 @@ def test_argument_errors(device):
         t.random_(1, 2, 3)
 
 
-def test_bernoulli_tensor_p_out_of_range_on_cpu():
-    with pytest.raises(RuntimeError, match="p_in >= 0 && p_in <= 1"):
-        mt.bernoulli(mt.tensor([0.5, 1.5]))
+@pytest.mark.parametrize("name, bad", [("float32", 1.5), ("float32", -0.5), ("float32", math.nan),
+                                       ("float16", 1.5), ("bfloat16", -1.0), ("float64", 1 + 1e-12)])
+def test_bernoulli_tensor_p_out_of_range_raises(device, name, bad):
+    """On both devices, as on torch's CPU (the cuda path used to draw 0 below and 1 above, and 0 for NaN); a
+    refused bernoulli_ leaves its tensor as it was."""
+    p = mt.tensor([0.5, bad, 0.25], dtype=D(name), device=device)
+    message = r"^Expected p_in >= 0 && p_in <= 1 to be true, but got false\.$"
+    for _ in range(2):  # the second call runs the cached closure
+        with pytest.raises(RuntimeError, match=message):
+            mt.bernoulli(p)
+        t = mt.full((2, 3), 7.0, device=device)
+        with pytest.raises(RuntimeError, match=message):
+            t.bernoulli_(p)
+        with pytest.raises(RuntimeError, match=message):  # a p on the other device, moved first
+            t.bernoulli_(p.to("cpu" if device == "cuda" else "cuda"))
+        assert values(t).tolist() == [[7.0] * 3] * 2
+    assert values(mt.bernoulli(mt.tensor([0.0, 1.0], dtype=D(name), device=device))).tolist() == [0.0, 1.0]
 
 
 # ---------------------------------------------------------------------------------------------- properties

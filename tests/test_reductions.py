@@ -224,6 +224,27 @@ def test_mean_of_integers_raises(device, name, torch_name):
         t.mean()
 
 
+def test_mean_checks_the_dtype_before_the_dims(device):
+    """torch says that an int tensor has no mean before it looks at the dims."""
+    t = make(np.ones(2), "int64", device)
+    for dim in (5, (0, 0), -3):
+        with pytest.raises(RuntimeError, match="^mean\\(\\): could not infer output dtype. Input dtype must be"):
+            t.mean(dim)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        t.sum(5)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_keepdim_must_be_a_bool(device, op):
+    t = make(np.ones(2), "float32", device)
+    for bad in ("x", None, 1, 0.0):
+        with pytest.raises(TypeError, match=f"^{op}\\(\\): argument 'keepdim' must be bool, not "
+                                            f"{type(bad).__name__}$"):
+            getattr(t, op)(0, keepdim=bad)
+    r = getattr(t, op)(0, keepdim=np.bool_(True))
+    assert (r.values if op in ("max", "min") else r).shape == (1,)
+
+
 def test_all_any_types(device):
     u = make(np.array([3, 0, 7], np.uint8), "uint8", device)
     assert u.all().dtype == mt.uint8 and u.all().item() == 0 and u.any().item() == 1

@@ -1,7 +1,8 @@
 """`mt.device`: a device type ("cpu" or "cuda") and an optional index."""
+import operator
 import re
 
-_DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+_DEVICE_RE = re.compile(r"(cpu|cuda)(?::(0|[1-9][0-9]*))?")  # whole strings only (fullmatch), ASCII digits, as torch
 
 
 class device:
@@ -15,16 +16,16 @@ class device:
             type, index = type
         if not isinstance(type, str):
             raise TypeError(f"device() expects a string or a device, got {type!r}")
-        m = _DEVICE_RE.match(type)
-        if m is None or (m.group(2) is not None and index is not None):
+        m = _DEVICE_RE.fullmatch(type)
+        if m is None:
             raise RuntimeError(f"Invalid device string: '{type}'")
+        if m.group(2) is not None and index is not None:
+            raise RuntimeError(f"type (string) must not include an index because index was passed explicitly: "
+                               f"{type}")
         self.type = m.group(1)
-        self.index = int(m.group(2)) if m.group(2) is not None else index
-        if self.index is not None:
-            if not isinstance(self.index, int) or self.index < 0:
-                raise RuntimeError(f"Device index must not be negative, got {self.index!r}")
-            if self.type == "cpu" and self.index != 0:
-                raise RuntimeError(f"CPU device index must be 0, got {self.index}")
+        self.index = int(m.group(2)) if m.group(2) is not None else _index_arg(index)
+        if self.type == "cpu" and self.index not in (None, 0):
+            raise RuntimeError(f"CPU device index must be 0, got {self.index}")
 
     def __str__(self):
         return self.type if self.index is None else f"{self.type}:{self.index}"
@@ -46,6 +47,18 @@ class device:
 
     def __reduce__(self):
         return (device, (self.type, self.index))
+
+
+def _index_arg(index):
+    """A device index: None, or an int >= 0 (numpy's ints too; not a bool, as in torch)."""
+    if index is None:
+        return None
+    if isinstance(index, bool) or not hasattr(index, "__index__"):
+        raise TypeError(f"device(): argument 'index' must be int, not {type(index).__name__}")
+    index = operator.index(index)
+    if index < 0:
+        raise RuntimeError(f"Device index must not be negative, got {index}")
+    return index
 
 
 CPU = device("cpu")

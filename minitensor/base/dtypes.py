@@ -60,6 +60,21 @@ def _by_name(name):
     return _BY_NAME[name]
 
 
+_PYTHON_TYPES = ((bool, bool_), (int, int64), (float, float64))  # what torch takes Python's types for
+
+
+def dtype_arg(value, function):
+    """`value` as a dtype argument of `function`: a minitensor dtype, or Python's bool, int or float (torch takes
+    them for bool, int64 and float64); anything else (a string, a numpy type) raises TypeError, as in torch."""
+    if type(value) is dtype:
+        return value
+    for python_type, dt in _PYTHON_TYPES:
+        if value is python_type:
+            return dt
+    raise TypeError(f"{function}(): argument 'dtype' must be minitensor.dtype, not {type(value).__name__}: one of "
+                    f"{', '.join('mt.' + d.name for d in ALL)}, or Python's bool, int or float")
+
+
 def from_numpy(np_dtype):
     try:
         return _FROM_NP[np.dtype(np_dtype)]

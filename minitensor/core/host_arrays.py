@@ -1,4 +1,5 @@
-"""numpy over CPU tensors, and values converted to what an element of a dtype holds.
+"""numpy over CPU tensors, and values (numpy arrays, Python numbers, Python data) converted to what an element
+of a dtype holds, with torch's checks.
 
 On the host, bfloat16 values are stored as raw bits (numpy has no bfloat16) and computed in float32, as the
 kernels do for both half types.
@@ -41,22 +42,140 @@ def to_storage_values(values, dtype):
         return values.astype(dtype.np)
 
 
-def scalar_for(dtype, value):
-    """A Python number converted to what a `dtype` element holds (wrapping like a C cast for ints)."""
+# The conversions of Python numbers, as torch has them. A number becomes a c10 Scalar first: an int past int64
+# and uint64 cannot (OverflowError). Then an operand of arithmetic (`t + 300`, torch's "wrapped number") is cast
+# like C casts, wrapping an int to the dtype's width; a value to store (fill_, full, t[i] = v, clamp's bounds,
+# where's numbers, alpha, pow's exponent) is checked by c10's checked_convert, whose error names the C++ type.
+_INT_LOW, _INT_END = -2**63, 2**64
+_CPP_NAMES = {"uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int", "int64": "int64_t",
+              "float16": "c10::Half", "bfloat16": "c10::BFloat16", "float32": "float"}
+_FLOAT_MAX = {dtypes.float16: 65504.0, dtypes.bfloat16: 3.3895313892515355e38, dtypes.float32: 3.4028234663852886e38}
+
+
+def _int_ranges(dtype):
+    """An int dtype's (low, high) for int values (unsigned types take -max..max: torch lets -1 stand for 255)
+    and for float values."""
+    info = np.iinfo(dtype.np)
+    low, high = int(info.min), int(info.max)
+    return (low if dtype.is_signed else -high, high), (low, high)
+
+
+_INT_RANGES = {d: _int_ranges(d) for d in dtypes.ALL if d.category == dtypes.INT}
+
+
+def plain_number(value):
+    """A real number (numpy's scalars, int subclasses, fractions too) as a Python bool, int or float; None for
+    anything else."""
     if isinstance(value, np.generic):
         value = value.item()
-    if not isinstance(value, numbers.Number) or isinstance(value, complex):
-        raise TypeError(f"expected a real Python number for a {dtype} tensor, got {type(value).__name__}")
-    if dtype is dtypes.bool_:
+    if isinstance(value, bool):
         return bool(value)
-    if dtype.is_floating_point:
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, (float, numbers.Real)):
         return float(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise RuntimeError(f"value cannot be converted to type {dtype.name} without overflow")
+    return None
+
+
+def python_number(value, what):
+    """`value` as a Python bool, int or float, as torch makes a c10 Scalar of it: TypeError naming `what` for
+    what is no real number, OverflowError for an int no 64-bit integer holds."""
+    number = plain_number(value)
+    if number is None:
+        raise TypeError(f"{what} must be a real number, not {type(value).__name__}")
+    if type(number) is int and not _INT_LOW <= number < _INT_END:
+        raise OverflowError("int too big to convert")
+    return number
+
+
+def scalar_for(dtype, value, checked_as=None):
+    """A number as a `dtype` kernel argument or element. An operand of arithmetic (checked_as None) wraps to the
+    dtype's width like a C cast, as torch's wrapped numbers do; a value torch stores must first fit `checked_as`
+    (_check_fits). A float never wraps into an integer type, and an int past 64 bits raises OverflowError.
+    Runs on every op with a number operand: keep it cheap."""
+    kind = type(value)
+    if kind is int:
+        if not _INT_LOW <= value < _INT_END:
+            raise OverflowError("int too big to convert")
+    elif kind is not float and kind is not bool:
+        value = python_number(value, "a number operand")
+        kind = type(value)
+    if checked_as is not None:
+        _check_fits(checked_as, value, kind)
+    category = dtype.category
+    if category == dtypes.FLOAT:
+        return float(value)
+    if category == dtypes.BOOL:
+        return bool(value)
+    if kind is float:
+        _check_fits(dtype, value, kind)
         value = int(value)
     bits = dtype.itemsize * 8
     value &= (1 << bits) - 1
     if dtype.is_signed and value >= 1 << (bits - 1):
         value -= 1 << bits
     return value
+
+
+def checked_scalar(dtype, value):
+    """A number to store in a `dtype` element (see _check_fits), as what the element holds."""
+    return scalar_for(dtype, value, dtype)
+
+
+def _check_fits(dtype, value, kind):
+    """torch's checked_convert: RuntimeError("value cannot be converted to type int8_t without overflow") for a
+    value outside the dtype's range: NaN, inf or a fraction past the ends for integer types (unsigned ones take
+    ints down to -max, which wrap: -1 is 255), a finite value past the largest finite one for float16, bfloat16
+    and float32. bool and float64 take any number. Stricter than torch in one case: a float of 2**63 is refused
+    for int64 (torch gives -2**63)."""
+    limit = _FLOAT_MAX.get(dtype)
+    if limit is not None:
+        fits = not limit < abs(value) < math.inf
+    else:
+        ranges = _INT_RANGES.get(dtype)
+        if ranges is None:
+            return
+        low, high = ranges[kind is float]
+        fits = low <= value <= high  # False for NaN
+    if not fits:
+        raise RuntimeError(f"value cannot be converted to type {_CPP_NAMES[dtype.name]} without overflow")
+
+
+def data_values(items, types, dtype):
+    """Python data for `mt.tensor` (a number or nested lists of them, all bool, int or float: `types` holds
+    which) as a numpy array of `dtype`'s values, checked as torch's tensor() checks them: for integer dtypes an
+    int must fit int64 (ValueError) and every value the dtype (RuntimeError naming the dtype); float and bool
+    dtypes take any value (an int too large for a float raises Python's OverflowError)."""
+    if dtype.is_floating_point:
+        return np.array(items, np.float64)
+    if dtype is dtypes.bool_:
+        return np.array(items, object).astype(np.bool_)
+    if not types:
+        return np.array(items, np.int64)
+    int_range, float_range = _INT_RANGES[dtype]
+    if float not in types:
+        values = np.array(items)  # bools and ints: int64, unless an int lies outside it
+        if values.dtype.kind not in "bi":
+            raise ValueError("Overflow when unpacking long long")
+    elif int not in types:
+        values = np.array(items, np.float64)
+        int_range = float_range
+    else:  # ints and floats: each element on its own, so no int is rounded through a float64
+        objects = np.array(items, object)
+        values = np.array([_data_int(x, float_range, dtype) for x in objects.flat], np.int64).reshape(objects.shape)
+    low, high = int_range
+    with np.errstate(invalid="ignore"):
+        if not np.all((values >= low) & (values <= high)):  # NaN too
+            raise RuntimeError(f"value cannot be converted to type {dtype.name} without overflow")
+    return values
+
+
+def _data_int(x, float_range, dtype):
+    if type(x) is float:
+        low, high = float_range
+        if not low <= x <= high:
+            raise RuntimeError(f"value cannot be converted to type {dtype.name} without overflow")
+        return int(x)
+    if not _INT_LOW <= x < -_INT_LOW:
+        raise ValueError("Overflow when unpacking long long")
+    return x

@@ -35,13 +35,25 @@ def normalize_dim(dim, ndim):
 
 
 def shape_arg(size):
-    """Accept f(2, 3), f((2, 3)) and f([2, 3]); ints only (a float is refused, not truncated, as in torch)."""
+    """Accept f(2, 3), f((2, 3)) and f([2, 3]) of ints (Python's, numpy's, int tensors: operator.index); a float
+    is refused, not truncated, as in torch."""
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         size = size[0]
     try:
         return tuple(map(operator.index, size))
     except TypeError:
         return int_tuple(size, "size")  # raises, naming the element
+
+
+def new_shape(size):
+    """The shape of a new tensor, from f(2, 3), f((2, 3)) or f([2, 3]): ints >= 0 whose product fits int64."""
+    shape = shape_arg(size)
+    negative = next((n for n in shape if n < 0), None)
+    if negative is not None:
+        raise RuntimeError(f"Trying to create tensor with negative dimension {negative}: {list(shape)}")
+    if math.prod(shape) >= 2**63:
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(shape)}")
+    return shape
 
 
 def is_contiguous(shape, stride):

@@ -5,6 +5,7 @@ streams are never destroyed, so a handle cached by the allocator never comes bac
 The current stream is per thread and per device; the default is the legacy default stream (handle 0).
 """
 import itertools
+import operator
 import threading
 
 from ..backends import active_driver
@@ -45,6 +46,25 @@ def current_stream_handle(index):
     return 0 if handles is None else handles[index]
 
 
+def checked_stream(s, what):
+    """`s` if it is a Stream, else TypeError naming `what` (the argument that took it)."""
+    if not isinstance(s, Stream):
+        raise TypeError(f"{what} must be a minitensor.cuda.Stream, not {type(s).__name__}")
+    return s
+
+
+def _checked_event(e, what):
+    if not isinstance(e, Event):
+        raise TypeError(f"{what} must be a minitensor.cuda.Event, not {type(e).__name__}")
+    return e
+
+
+def _int_arg(value, what):
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{what} must be int, not {type(value).__name__}")
+    return operator.index(value)
+
+
 def _pooled_handle(index, priority):
     key = (index, priority < 0)
     with _pool_lock:
@@ -67,6 +87,7 @@ class Stream:
     def __init__(self, device=None, priority=0, _handle=None):
         self.device = cuda_device(device)
         index = self.device.index
+        priority = _int_arg(priority, "Stream(): argument 'priority'")
         self.priority = priority
         self.cuda_stream = _pooled_handle(index, priority) if _handle is None else _handle
         self._saved = None
@@ -89,14 +110,14 @@ class Stream:
 
     def wait_event(self, event):
         """Make future work on this stream wait for the event's last record."""
-        if event._handle is not None:
+        if _checked_event(event, "wait_event(): argument 'event'")._handle is not None:
             self._on_device(_driver().stream_wait_event, self.cuda_stream, event._handle)
 
     def wait_stream(self, stream):
-        self.wait_event(stream.record_event())
+        self.wait_event(checked_stream(stream, "wait_stream(): argument 'stream'").record_event())
 
     def record_event(self, event=None):
-        event = Event() if event is None else event
+        event = Event() if event is None else _checked_event(event, "record_event(): argument 'event'")
         event.record(self)
         return event
 
@@ -143,7 +164,10 @@ class ExternalStream(Stream):
     __slots__ = ()
 
     def __init__(self, stream_ptr, device=None):
-        super().__init__(device, 0, _handle=int(stream_ptr))
+        handle = _int_arg(stream_ptr, "ExternalStream(): argument 'stream_ptr'")
+        if handle < 0:
+            raise ValueError(f"ExternalStream(): stream_ptr must be a stream's address (>= 0), got {handle}")
+        super().__init__(device, 0, _handle=handle)
 
 
 def current_stream(device=None):
@@ -156,15 +180,17 @@ def default_stream(device=None):
 
 
 def set_stream(s):
-    """Make `s` the current stream of its device in this thread."""
-    _current_handles()[s.device.index] = s.cuda_stream
+    """Make `s` the current stream of its device in this thread; None does nothing, as in torch."""
+    if s is not None:
+        checked_stream(s, "set_stream(): argument 'stream'")
+        _current_handles()[s.device.index] = s.cuda_stream
 
 
 class stream:
     """Context manager form of set_stream; None does nothing."""
 
     def __init__(self, s):
-        self.s = s
+        self.s = None if s is None else checked_stream(s, "stream(): argument 'stream'")
 
     def __enter__(self):
         if self.s is not None:
@@ -192,7 +218,7 @@ class Event:
         self.event_id = 0
 
     def record(self, stream=None):
-        stream = current_stream() if stream is None else stream
+        stream = current_stream() if stream is None else checked_stream(stream, "record(): argument 'stream'")
         if self._handle is None:
             self._device = stream.device
             self._handle = stream._on_device(_driver().event_create, stream.device.index, self.enable_timing,
@@ -212,10 +238,11 @@ class Event:
             raise_pending(self._device.index)
 
     def wait(self, stream=None):
-        (current_stream() if stream is None else stream).wait_event(self)
+        (current_stream() if stream is None else checked_stream(stream, "wait(): argument 'stream'")).wait_event(self)
 
     def elapsed_time(self, end_event):
         """Milliseconds from this event to `end_event`; both must be recorded and complete."""
+        _checked_event(end_event, "elapsed_time(): argument 'end_event'")
         if not (self.enable_timing and end_event.enable_timing):
             raise ValueError("Both events must be created with argument 'enable_timing=True'")
         if self._handle is None or end_event._handle is None:

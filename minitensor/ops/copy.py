@@ -17,20 +17,26 @@ import numpy as np
 
 from ..core import fields
 from ..core.alloc import empty
-from ..core.host_arrays import numpy_values, numpy_view, scalar_for, to_storage_values
+from ..core.host_arrays import checked_scalar, numpy_values, numpy_view, to_storage_values
 from ..core.shapes import OVERLAP, broadcast_shapes, expanded, overlaps_itself
 from ..cuda import transfer
 from ..cuda.streams import current_stream_handle
 from .runs import kernels
 
 
-def fill_(t, value):
+def fill_value(dtype, value):
+    """What fill_ stores in a `dtype` tensor for `value`: a 0-d tensor cast as copy_ casts it (wrapping, as
+    torch), a number checked against the dtype (host_arrays.checked_scalar: 300 for int8 raises)."""
     if isinstance(value, fields.TensorFields):
         if value.dim() != 0:
             raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with "
                                f"{value.dim()} dimensions.")
-        value = value.item()
-    value = scalar_for(t.dtype, value)
+        value = value.to(dtype).item()
+    return checked_scalar(dtype, value)
+
+
+def fill_(t, value):
+    value = fill_value(t.dtype, value)
     if t.device.type == "cpu":
         numpy_view(t)[...] = to_storage_values(np.array(value), t.dtype)
     elif 0 not in t._shape:

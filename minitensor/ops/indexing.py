@@ -83,6 +83,8 @@ def _tensor_arg(name, position, x):
 
 def _dim_arg(name, dim, ndim):
     try:
+        if isinstance(dim, bool):  # an int to Python, not to torch
+            raise TypeError
         dim = operator.index(dim)
     except TypeError:
         raise TypeError(f"{name}(): argument 'dim' (position 2) must be int, not {type(dim).__name__}") from None
@@ -103,8 +105,8 @@ def _gather_checked(input, dim, index, key, runs):
     in_shape = input._shape or (1,)
     index_shape = index._shape or (1,)
     if index.numel():  # torch checks nothing more for an empty index
-        if index.dtype.name != "int64":
-            raise RuntimeError("gather(): Expected dtype int64 for index")
+        if index.dtype.name not in ("int64", "int32"):
+            raise RuntimeError("gather(): Expected dtype int32/int64 for index")
         if len(in_shape) != len(index_shape):
             raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
         for d, (n, m) in enumerate(zip(index_shape, in_shape)):
@@ -150,7 +152,8 @@ def _index_select_checked(input, dim, index, key, runs):
 
 
 gather = _cached("gather", _gather_checked,
-                 "out[i][j][k] = input[index[i][j][k]][j][k] (dim 0), with out shaped as index; torch.gather.")
+                 "out[i][j][k] = input[index[i][j][k]][j][k] (dim 0), with out shaped as index (an int64 or "
+                 "int32 index); torch.gather.")
 index_select = _cached("index_select", _index_select_checked,
                        "The slices input[..., index[j], ...] along `dim`, for a 1-D int64 or int32 index; "
                        "torch.index_select.")

@@ -6,15 +6,17 @@ Each call's checks and typing run once per signature: the operands' dtypes, shap
 call is one dict lookup, an allocation and one kernel launch. cuda tensors run Triton kernels
 (kernels/plans.py); CPU tensors run numpy, in the same compute types.
 """
+import warnings
+
 import numpy as np
 
 from ..base import dtypes
 from ..core import fields
 from ..core.alloc import empty
-from ..core.host_arrays import numpy_values, numpy_view, to_storage_values
+from ..core.host_arrays import checked_scalar, numpy_values, numpy_view, to_storage_values
 from ..core.layout import layout_of
 from ..core.shapes import OVERLAP, broadcast_shapes, overlaps_itself
-from .runs import cuda_run
+from .runs import cuda_run, number_converter
 from .typing import (check_cast, check_out_shape, common_device, compute_type, not_implemented, operand_value,
                      result_type)
 
@@ -147,7 +149,7 @@ def unary(name, x, out=None):
         return run(x, out)
     if not isinstance(x, fields.Tensor):
         raise TypeError(f"{name}(): argument 'input' must be Tensor, not {type(x).__name__}")
-    op, result, compute = _unary_types(name, x.dtype)
+    op, result, compute = _unary_types(name, x.dtype, out)
     return _dispatch(key, ("unary", op), (x,), result, compute, result, out)
 
 
@@ -163,7 +165,11 @@ def where(condition, input, other, *, out=None):
         return run(condition, input, other, out)
     if not isinstance(condition, Tensor):
         raise TypeError(f"where(): argument 'condition' must be Tensor, not {type(condition).__name__}")
-    if condition.dtype is not dtypes.bool_:
+    if condition.dtype is dtypes.uint8:  # as torch: accepted, with its deprecation warning; not cached
+        warnings.warn("where received a uint8 condition tensor. This behavior is deprecated (in torch too). Use a "
+                      "boolean condition instead.", UserWarning, stacklevel=2)
+        condition, key = binary("ne", condition, 0), None
+    elif condition.dtype is not dtypes.bool_:
         raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype "
                            f"{dtypes.TORCH_NAMES[condition.dtype.name]}")
     input, other = operand_value(input), operand_value(other)
@@ -210,6 +216,8 @@ def _binary_types(name, a, b, out):
         check_cast(result, out)
     if name in _BITWISE and result.is_floating_point:
         raise RuntimeError(not_implemented(name, device, result))
+    if name == "pow" and result is dtypes.bool_ and type(b) is bool:
+        name = "ge"  # torch's pow copies x for an exponent of 1 and gives 1 for 0: for bools, x ** e is x >= e
     if name in ("floor_divide", "remainder", "pow") and result is dtypes.bool_:
         raise RuntimeError(not_implemented(name, device, result))
     if name == "pow" and not result.is_floating_point and isinstance(b, int) and b < 0:
@@ -220,17 +228,21 @@ def _binary_types(name, a, b, out):
     return _BINARY[name][0], result, compute_type(result), out_dtype
 
 
-def _unary_types(name, dtype):
-    """(kernel op, result dtype, compute dtype) of `name(x)` for an x of `dtype`, or torch's error."""
+def _unary_types(name, dtype, out=None):
+    """(kernel op, result dtype, compute dtype) of `name(x)` for an x of `dtype`, or torch's error. The ops
+    other than the float functions keep the dtype, and so must `out` (torch checks it before the dtype)."""
     if name in _FLOAT_FUNCTIONS:
         result = dtype if dtype.is_floating_point else dtypes.default_float
         return _UNARY[name][0], result, compute_type(result)
+    if name == "neg" and dtype is dtypes.bool_:
+        raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. If you are trying to "
+                           "invert a mask, use the `~` or `logical_not()` operator instead.")
+    if out is not None and out.dtype is not dtype:
+        names = dtypes.TORCH_NAMES
+        raise RuntimeError(f"Found dtype {names[out.dtype.name]} but expected {names[dtype.name]}")
     if dtype is dtypes.bool_:
         if name == "bitwise_not":
             return _UNARY["logical_not"][0], dtype, dtype
-        if name == "neg":
-            raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. If you are trying to "
-                               "invert a mask, use the `~` or `logical_not()` operator instead.")
         if name == "relu":
             raise RuntimeError("Boolean inputs not supported for relu")
         raise RuntimeError(f'"{name}" not implemented for \'Bool\'')
@@ -240,11 +252,18 @@ def _unary_types(name, dtype):
 
 
 def _apply_alpha(b, alpha, a):
+    """alpha * b, with alpha checked against the result type as torch checks it; a number product wraps to
+    64 bits, as it does in torch's kernel."""
     Tensor = fields.Tensor
     kinds = [x.dtype for x in (a, b) if isinstance(x, Tensor)]
     if isinstance(alpha, float) and all(not k.is_floating_point for k in kinds):
         raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
-    return binary("mul", b, alpha) if isinstance(b, Tensor) else b * alpha
+    if kinds:
+        checked_scalar(result_type(operand_value(a), operand_value(b)), alpha)
+    if isinstance(b, Tensor):
+        return binary("mul", b, alpha)
+    product = b * alpha
+    return (product + 2**63) % 2**64 - 2**63 if type(product) is int else product
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -270,45 +289,58 @@ def _dispatch(key, kernel, operands, result, compute, out_dtype, out):
             # torch rounds to the result type before widening into out: go through a result-typed temporary
             return out.copy_(_dispatch(None, kernel, operands, result, compute, out_dtype, None))
         out_dtype = out.dtype
+    stored = _stored_numbers(kernel, result)
     if device.type == "cpu":
         if out is None:
             out = empty(shape, out_dtype, device)
         if out.numel():
-            _run_numpy(kernel, operands, shape, result, compute, out)
+            _run_numpy(kernel, operands, shape, result, compute, out, stored)
         return out
-    run = cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out)
+    run = cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out, stored)
     if key is not None and all(x.device == device for x in tensors):  # a 0-d CPU operand changes per call
         _runs[key] = run
     return run(*operands, out)
 
 
-def _run_numpy(kernel, operands, shape, result, compute, out):
-    """The CPU side: numpy in the same compute type as the kernels."""
+def _stored_numbers(kernel, result):
+    """The positions of the number operands torch checks against the result type, as values it stores: where's
+    and clamp's, and pow's exponent unless the result is float32 or float64 (which take it as a double). Other
+    numbers wrap (runs.number_converter)."""
+    if kernel[0] == "ternary":
+        return (1, 2)
+    if kernel == ("binary", _BINARY["pow"][0]) and result not in (dtypes.float32, dtypes.float64):
+        return (1,)
+    return ()
+
+
+def _run_numpy(kernel, operands, shape, result, compute, out, stored):
+    """The CPU side: numpy in the same compute type as the kernels, numbers converted as the kernels get them."""
     Tensor = fields.Tensor
     family, op = kernel
     np_compute = np.float32 if compute is dtypes.bfloat16 else compute.np
 
-    def values(x, np_type=np_compute):
+    def values(i, np_type=np_compute):
+        x = operands[i]
         if isinstance(x, Tensor):
             return np.broadcast_to(numpy_values(x).astype(np_type, copy=False), shape)
-        return np.array(x).astype(np_type)
+        return np.array(number_converter(compute, result, i in stored)(x)).astype(np_type)
 
     with np.errstate(all="ignore"):
         if family == "unary":
             function = next(f for o, f in _UNARY.values() if o == op)
             rounding = op in (_UNARY["floor"][0], _UNARY["ceil"][0], _UNARY["round"][0])
-            r = values(operands[0]) if rounding and not compute.is_floating_point else function(values(operands[0]))
+            r = values(0) if rounding and not compute.is_floating_point else function(values(0))
         elif family == "binary":
-            a, b = values(operands[0]), values(operands[1])
+            a, b = values(0), values(1)
             r = _numpy_binary(op, a, b, compute)
         elif op == _WHERE:
-            r = np.where(values(operands[0], np.bool_), values(operands[1]), values(operands[2]))
+            r = np.where(values(0, np.bool_), values(1), values(2))
         else:
-            r = values(operands[0])
+            r = values(0)
             if operands[1] is not None:
-                r = np.maximum(r, values(operands[1]))
+                r = np.maximum(r, values(1))
             if operands[2] is not None:
-                r = np.minimum(r, values(operands[2]))
+                r = np.minimum(r, values(2))
         r = np.asarray(r)
         if r.dtype != np.bool_:
             r = r.astype(np_compute, copy=False)

@@ -32,7 +32,7 @@ from ..core.alloc import empty
 from ..core.fields import allocate
 from ..core.host_arrays import numpy_values, numpy_view, to_storage_values
 from ..core.layout import layout_number, layout_of
-from ..core.shapes import contiguous_strides, is_contiguous, shape_arg
+from ..core.shapes import contiguous_strides, is_contiguous, new_shape
 from ..cuda import memory
 from ..cuda.devices import as_device, current_device
 from ..cuda.random import DEFAULT_SEED, check_seed, generator as cuda_generator, manual_seed_all
@@ -175,7 +175,7 @@ def new(op, size, dtype, device, a, b):
 
 
 def _factory(op, size, dtype, device):
-    shape = shape_arg(size)
+    shape = new_shape(size)
     dtype = dtype or (dtypes.int64 if op == "random" else dtypes.default_float)
     device = CPU if device is None else as_device(device)
     strides = contiguous_strides(shape)
@@ -301,8 +301,9 @@ def _bernoulli_run(like):
 
 
 def _bernoulli_tensor_run(like):
-    """p a float tensor broadcast to t's shape, on t's device (moved there, as torch does); on the GPU, p
-    outside [0, 1] draws 0 below and 1 above (torch stops at a device-side assert)."""
+    """p a float tensor broadcast to t's shape, on t's device (moved there, as torch does). p outside [0, 1]
+    (NaN too) raises on both devices, as on torch's CPU (its GPU stops at a device-side assert instead); on cuda
+    the check waits for p's values."""
     dtype, shape, device = like.dtype, like.shape, like.device
     fills = {}
 
@@ -320,15 +321,14 @@ def _bernoulli_tensor_run(like):
 
     def run(t, p, _=None):
         fill = fill_for(p.dtype)
-        if p._shape != shape or not p.is_contiguous():
-            p = p.expand(shape)
         if p.device != device:
             p = p.to(device)
+        if not ((p >= 0) & (p <= 1)).all().item():
+            raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
+        if p._shape != shape or not p.is_contiguous():
+            p = p.expand(shape)
         if device.type == "cpu":
-            values = numpy_values(p)
-            if not np.all((values >= 0) & (values <= 1)):
-                raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
-            fill(t, values.reshape(-1), None)
+            fill(t, numpy_values(p).reshape(-1), None)
         else:
             fill(t, 0.0, p.contiguous().data_ptr())
         return t

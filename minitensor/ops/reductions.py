@@ -121,8 +121,8 @@ def _dims(name, x, dim):
 
 def _types(name, x, dtype):
     """(input dtype the kernel reads, output dtype) with torch's rules and errors."""
-    if dtype is not None and not isinstance(dtype, dtypes.dtype):
-        raise TypeError(f"{name}(): argument 'dtype' must be minitensor.dtype, not {type(dtype).__name__}")
+    if dtype is not None:
+        dtype = dtypes.dtype_arg(dtype, name)
     source = x.dtype if dtype is None else dtype
     if name == "sum":
         return source, source if source.is_floating_point or dtype is not None else dtypes.int64
@@ -141,8 +141,10 @@ def _checked(name, x, dim, keepdim, dtype):
     """run(x) for tensors laid out as x is, after every check."""
     if not isinstance(x, fields.TensorFields):
         raise TypeError(f"{name}(): argument 'input' must be Tensor, not {type(x).__name__}")
+    in_dtype, out_dtype = _types(name, x, dtype)  # before the dims, as torch: mean of an int tensor says so first
     dims, arg = _dims(name, x, dim)
-    in_dtype, out_dtype = _types(name, x, dtype)
+    if not isinstance(keepdim, (bool, np.bool_)):
+        raise TypeError(f"{name}(): argument 'keepdim' must be bool, not {type(keepdim).__name__}")
     shape = x._shape
     if name in ("max", "min"):
         if not arg and x.numel() == 0:
@@ -278,15 +280,26 @@ def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     if input.dtype is not other.dtype:
         names = dtypes.TORCH_NAMES
         raise RuntimeError(f"{names[input.dtype.name]} did not match {names[other.dtype.name]}")
-    if rtol < 0:
-        raise RuntimeError(f"rtol must be greater than or equal to zero, but got {rtol}")
-    if atol < 0:
-        raise RuntimeError(f"atol must be greater than or equal to zero, but got {atol}")
+    rtol, atol = _tolerance("rtol", rtol), _tolerance("atol", atol)
+    if not isinstance(equal_nan, (bool, np.bool_)):
+        raise TypeError(f"isclose(): argument 'equal_nan' must be bool, not {type(equal_nan).__name__}")
     if input.device != other.device:
         first, second = sorted((str(input.device), str(other.device)))
         raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                            f"{first} and {second}!")
-    return _isclose(input, other, input.dtype, float(rtol), float(atol), builtins.bool(equal_nan))
+    return _isclose(input, other, input.dtype, rtol, atol, builtins.bool(equal_nan))
+
+
+def _tolerance(name, value):
+    """isclose's rtol or atol as a float >= 0, with torch's errors."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"isclose(): argument '{name}' must be float, not {type(value).__name__}")
+    value = float(value)
+    if not value >= 0:  # NaN too
+        raise RuntimeError(f"{name} must be greater than or equal to zero, but got {value:g}")
+    return value
 
 
 def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):

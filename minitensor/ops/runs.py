@@ -37,8 +37,23 @@ def kernels():
 prepare_first_op(lambda: kernels().launcher.native())
 
 
-def cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out):
-    """The checked-once fast path of a cuda op, for operands laid out as these are: run(*operands, out)."""
+def number_converter(compute, result, stored):
+    """convert(x) for a number operand of an op computing in `compute`, on both devices: an int wraps to the
+    compute type's width, or, where torch stores the number (`stored`: where's and clamp's numbers, pow's
+    exponent), it is first checked against the result type (core/host_arrays.py). A 0-d CPU tensor joining a cuda
+    op gives its value; None (a clamp bound not given) gives 0."""
+    def convert(x):
+        if x is None:
+            return 0
+        if isinstance(x, TensorFields):
+            return scalar_for(compute, x.item())
+        return scalar_for(compute, x, result if stored else None)
+    return convert
+
+
+def cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out, stored=()):
+    """The checked-once fast path of a cuda op, for operands laid out as these are: run(*operands, out).
+    `stored`: the positions of the number operands checked against the result type (number_converter)."""
     family, op = kernel
     on_device = [isinstance(x, TensorFields) and x.device == device for x in operands]
     empty = math.prod(shape) == 0
@@ -53,11 +68,7 @@ def cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out):
         return _contiguous_run(family, plan, [x.dtype.itemsize for x in operands], nbytes, device, allocator, shape,
                                out_strides, out_dtype, out_layout)
 
-    def scalar(x):
-        if x is None:  # an absent clamp bound
-            return 0
-        return scalar_for(compute, x.item() if isinstance(x, TensorFields) else x)
-
+    converters = [number_converter(compute, result, i in stored) for i in range(len(operands))]
     has_scalars = family != "unary"
 
     def run(*args):
@@ -69,7 +80,8 @@ def cuda_run(kernel, operands, shape, result, compute, out_dtype, device, out):
         if not empty:
             pointers = [x.data_ptr() if dev else 0 for x, dev in zip(xs, on_device)]
             pointers.append(out.data_ptr())
-            scalars = [0 if dev else scalar(x) for x, dev in zip(xs, on_device)] if has_scalars else ()
+            scalars = ([0 if dev else convert(x) for x, dev, convert in zip(xs, on_device, converters)]
+                       if has_scalars else ())
             plan.run(stream, pointers, scalars)
         return out
     return run
