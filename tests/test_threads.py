@@ -8,13 +8,11 @@ MINITENSOR_STRESS_THREADS its threads (default 8).
 import ctypes
 import gc
 import os
-import random
 import sys
 import threading
 import warnings
 
 import numpy as np
-import pytest
 
 import minitensor as mt
 from minitensor.cuda import device_errors
