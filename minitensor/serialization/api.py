@@ -178,8 +178,9 @@ def _file_device(tag):
     """The device a storage's own location tag names."""
     try:
         parsed = _device(tag)
-    except RuntimeError:
-        raise RuntimeError(f"don't know how to restore data location of a storage tagged with {tag!r}: "
+    except (RuntimeError, ValueError):  # ValueError: an index of more digits than Python converts
+        shown = tag if len(tag) <= 80 else tag[:77] + "..."
+        raise RuntimeError(f"don't know how to restore data location of a storage tagged with {shown!r}: "
                            "minitensor has 'cpu' and 'cuda' devices; pass map_location to choose one") from None
     return _restore_device(parsed)
 
@@ -187,7 +188,15 @@ def _file_device(tag):
 def _restore_device(location):
     """A device from map_location (a string, mt.device or torch.device), with torch's errors for an
     invalid string and for a cuda device this machine does not have."""
-    d = location if isinstance(location, _device) else _device(str(location))
+    if isinstance(location, _device):
+        d = location
+    else:
+        text = str(location)
+        try:
+            d = _device(text)
+        except ValueError:  # an index of more digits than Python converts to an int
+            shown = text if len(text) <= 80 else text[:77] + "..."
+            raise RuntimeError(f"Could not parse device index in device string {shown!r}") from None
     if d.type == "cpu":
         return CPU
     index = devices.current_device() if d.index is None else d.index

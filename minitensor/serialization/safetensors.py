@@ -11,7 +11,6 @@ by name; header padded with spaces to a multiple of 8), so its files are byte fo
 one by its name there (HeaderTooLarge, MetadataIncompleteBuffer, ...).
 """
 import json
-import math
 import os
 import struct
 
@@ -24,6 +23,7 @@ from ..core.storage import UntypedStorage
 from ..cuda.devices import as_device
 from ..tensor import Tensor
 from .atomicfile import atomic_write
+from .limits import MAX_DIMS, shape_problem
 
 MAX_HEADER_SIZE = 100_000_000
 _U64_MAX = 2**64 - 1
@@ -89,14 +89,17 @@ def load_safetensors(path, device="cpu"):
         for name, dtype_name, shape, begin, end in entries:
             dtype = _DTYPES.get(dtype_name)
             if dtype is None:
-                raise SafetensorError(f"tensor {name!r} has dtype {dtype_name}, which minitensor does not have")
+                raise SafetensorError(f"tensor {_short(name)} has dtype {dtype_name}, which minitensor does not have")
+            problem = shape_problem(shape, dtype.itemsize)
+            if problem:
+                raise SafetensorError(f"tensor {_short(name)}: {problem}")
             array = np.empty(end - begin, np.uint8)
             file.seek(8 + header_size + begin)
             view = memoryview(array)
             while view:
                 n = file.readinto(view)
                 if not n:
-                    raise SafetensorError(f"MetadataIncompleteBuffer: tensor {name!r} is cut short by the end of "
+                    raise SafetensorError(f"MetadataIncompleteBuffer: tensor {_short(name)} is cut short by the end of "
                                           "the file")
                 view = view[n:]
             t = Tensor(UntypedStorage._from_array(array), shape, contiguous_strides(shape), 0, dtype)
@@ -128,19 +131,30 @@ def _read_header(file, size):
     start = 0
     for name, dtype_name, shape, begin, end in tensors:
         if begin != start or end < begin:
-            raise SafetensorError(f"InvalidOffset: tensor {name!r} has data_offsets [{begin}, {end}]; the next "
+            raise SafetensorError(f"InvalidOffset: tensor {_short(name)} has data_offsets [{begin}, {end}]; the next "
                                   f"tensor must start at {start}, where the previous one ends, with no gap or overlap")
         start = end
-        nbytes = math.prod(shape) * _FORMAT_DTYPES[dtype_name]
-        if nbytes > _U64_MAX:
-            raise SafetensorError(f"ValidationOverflow: tensor {name!r} of shape {shape} overflows 64 bits")
+        nbytes = _checked_nbytes(shape, _FORMAT_DTYPES[dtype_name])
+        if nbytes is None:
+            raise SafetensorError(f"ValidationOverflow: tensor {_short(name)} of shape {list(shape)} overflows 64 bits")
         if end - begin != nbytes:
-            raise SafetensorError(f"TensorInvalidInfo: tensor {name!r} ({dtype_name}, shape {shape}) needs "
+            raise SafetensorError(f"TensorInvalidInfo: tensor {_short(name)} ({dtype_name}, shape {list(shape)}) needs "
                                   f"{nbytes} bytes but its data_offsets span {end - begin}")
     if 8 + n + start != size:
         raise SafetensorError(f"MetadataIncompleteBuffer: the tensors cover {start} bytes of data but the file "
                               f"holds {size - 8 - n}")
     return n, tensors
+
+
+def _checked_nbytes(shape, itemsize):
+    """The tensor's byte size, or None where the reference's checked u64 product (left to right, then times the
+    item size) overflows: [2**63, 2**63, 0] overflows before it reaches the 0."""
+    n = 1
+    for dim in (*shape, itemsize):
+        n *= dim
+        if n > _U64_MAX:
+            return None
+    return n
 
 
 def _parse_header(header):
@@ -158,16 +172,24 @@ def _parse_header(header):
         if name == "__metadata__":
             continue
         if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
-            raise bad(f"tensor {name!r} needs 'dtype', 'shape' and 'data_offsets'")
+            raise bad(f"tensor {_short(name)} needs 'dtype', 'shape' and 'data_offsets'")
         dtype_name, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
         if type(dtype_name) is not str or dtype_name not in _FORMAT_DTYPES:
-            raise bad(f"tensor {name!r} has unknown dtype {dtype_name!r}")
+            raise bad(f"tensor {_short(name)} has unknown dtype {_short(dtype_name)}")
         if not isinstance(shape, list) or not all(_is_u64(s) for s in shape):
-            raise bad(f"tensor {name!r} has shape {shape!r}; it must be a list of non-negative integers")
+            raise bad(f"tensor {_short(name)} has shape {_short(shape)}; it must be a list of non-negative integers")
+        if len(shape) > MAX_DIMS:  # minitensor's limit, checked before the shape is multiplied out
+            raise SafetensorError(f"tensor {_short(name)}: {shape_problem(shape, 1)}")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_u64(o) for o in offsets)):
-            raise bad(f"tensor {name!r} has data_offsets {offsets!r}; they must be two non-negative integers")
+            raise bad(f"tensor {_short(name)} has data_offsets {_short(offsets)}; they must be two non-negative "
+                      "integers")
         tensors.append((name, dtype_name, tuple(shape), offsets[0], offsets[1]))
     return tensors
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _is_u64(value):

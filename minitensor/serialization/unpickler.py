@@ -5,22 +5,20 @@ It is an interpreter of pickle opcodes written here rather than `pickle.Unpickle
 `find_class`, because pickle's BUILD opcode sets attributes on any object on its stack (a dtype, a
 tensor's storage): here BUILD works on OrderedDicts only, REDUCE calls only the functions allowlist.py names,
 and every other global is refused with a `pickle.UnpicklingError` naming it. Nothing from the file is ever
-imported or executed. Tensors are checked against their storage: sizes, strides and offset must stay
-inside it.
+imported or executed. What those functions build, and how they check it, is rebuilds.py's. What the pickle
+builds is bounded by its size (limits.py `Guard`): nesting depth, elements copied or hashed, keys of one hash.
 
 Storages arrive as persistent ids `("storage", storage_type, key, location, numel)`; the caller's
 `load_storage(key, location, dtype, numel)` turns one into an `UntypedStorage` (reading its record and
 placing it per map_location), once per key.
 """
-import math
 import struct
 from collections import OrderedDict
 from pickle import UnpicklingError
 
-from ..base import dtypes
-from ..base.device import device as _device
-from ..tensor import Size, Tensor
-from .allowlist import INT64_MAX, MARKERS, TENSOR_REBUILDS, Global, StorageType, find
+from .allowlist import Global, find
+from .limits import Guard
+from .rebuilds import Rebuilds
 
 _ERRORS = (IndexError, KeyError, TypeError, ValueError, struct.error, OverflowError, RecursionError)
 
@@ -34,10 +32,14 @@ class _Stop(Exception):
     pass
 
 
-class Unpickler:
+class Unpickler(Rebuilds):
+    """Reads one pickle: `load()` runs its opcodes and returns the object STOP leaves."""
+
     def __init__(self, data, load_storage):
         self._data = bytes(data)
         self._pos = 0
+        self._guard = Guard(len(self._data))
+        self._hold = self._guard.hold  # hold(container, items) -> container: every container built goes through it
         self._load_storage = load_storage
         self._stack = []
         self._marks = []
@@ -146,6 +148,7 @@ class Unpickler:
         if type(inst) is not OrderedDict or type(state) is not dict or not all(type(k) is str for k in state):
             raise UnpicklingError(f"BUILD can only set attributes of an OrderedDict from a dict, not of "
                                   f"{type(inst).__name__} from {type(state).__name__}")
+        self._guard.copied(inst, state, "BUILD")
         inst.__dict__.update(state)
 
     def _mark(self):
@@ -153,10 +156,12 @@ class Unpickler:
         self._stack = []
 
     def _tuple(self):
-        self._push(tuple(self._pop_mark()))
+        items = tuple(self._pop_mark())
+        self._push(self._hold(items, items))
 
     def _tuple1(self):
-        self._stack[-1] = (self._stack[-1],)
+        items = (self._stack[-1],)
+        self._stack[-1] = self._hold(items, items)
 
     def _tuple2(self):
         self._tuple_n(2)
@@ -169,46 +174,59 @@ class Unpickler:
             raise IndexError("stack underflow")
         items = tuple(self._stack[-n:])
         del self._stack[-n:]
-        self._push(items)
+        self._push(self._hold(items, items))
 
     def _empty_tuple(self):
-        self._push(())
+        self._push(self._new(()))
 
     def _empty_list(self):
-        self._push([])
+        self._push(self._new([]))
+
+    def _new(self, container):
+        self._guard.new(container)
+        return container
 
     def _append(self):
         value = self._stack.pop()
-        self._target(list, "APPEND").append(value)
+        self._hold(self._target(list, "APPEND"), (value,)).append(value)
 
     def _appends(self):
         items = self._pop_mark()
-        self._target(list, "APPENDS").extend(items)
+        self._hold(self._target(list, "APPENDS"), items).extend(items)
 
     def _empty_dict(self):
-        self._push({})
+        self._push(self._new({}))
 
     def _setitem(self):
         value, key = self._stack.pop(), self._stack.pop()
-        self._target((dict, OrderedDict), "SETITEM")[key] = value
+        self._filled(self._target((dict, OrderedDict), "SETITEM"), [key, value])[key] = value
 
     def _setitems(self):
         items = self._pop_mark()
         if len(items) % 2:
             raise UnpicklingError("SETITEMS needs key, value pairs")
-        target = self._target((dict, OrderedDict), "SETITEMS")
+        target = self._filled(self._target((dict, OrderedDict), "SETITEMS"), items)
         for i in range(0, len(items), 2):
             target[items[i]] = items[i + 1]
 
+    def _filled(self, mapping, items):
+        """`mapping`, about to hold `items` (key, value, key, value, ...): keys hashed and counted, height raised."""
+        self._guard.keys(mapping, items[::2])
+        return self._hold(mapping, items)
+
     def _empty_set(self):
-        self._push(set())
+        self._push(self._new(set()))
 
     def _additems(self):
         items = self._pop_mark()
-        self._target(set, "ADDITEMS").update(items)
+        target = self._target(set, "ADDITEMS")
+        self._guard.keys(target, items)
+        self._hold(target, items).update(items)
 
     def _frozenset_op(self):
-        self._push(frozenset(self._pop_mark()))
+        items = self._pop_mark()
+        self._guard.keys(None, items)
+        self._push(self._hold(frozenset(items), items))
 
     def _target(self, types, op):
         target = self._stack[-1]
@@ -235,10 +253,15 @@ class Unpickler:
         self._push(self._unpack("<H"))
 
     def _long1(self):
-        self._push(int.from_bytes(self._read(self._read(1)[0]), "little", signed=True))
+        self._long(self._read(self._read(1)[0]))
 
     def _long4(self):
-        self._push(int.from_bytes(self._read(self._unpack("<i")), "little", signed=True))
+        self._long(self._read(self._unpack("<i")))
+
+    def _long(self, data):
+        value = int.from_bytes(data, "little", signed=True)
+        self._guard.big_int(value)
+        self._push(value)
 
     def _binfloat(self):
         self._push(self._unpack(">d"))
@@ -290,142 +313,3 @@ class Unpickler:
 
     def _binpersid(self):
         self._push(self._storage(self._stack.pop()))
-
-    # ------------------------------------------------------------------------------------------ storages
-    def _storage(self, pid):
-        if type(pid) is not tuple or len(pid) != 5:
-            raise UnpicklingError(f"a persistent id must be ('storage', storage type, key, location, numel), "
-                                  f"got {_describe(pid)}")
-        typename, storage_type, key, location, numel = pid
-        if _ascii(typename) != "storage":
-            raise UnpicklingError(f"only storages are loaded from persistent ids, not {_describe(typename)}")
-        if type(storage_type) is not StorageType:
-            raise UnpicklingError(f"a storage's type must be a torch storage class, got {_describe(storage_type)}")
-        key, location = _ascii(key), _ascii(location)
-        if type(key) is not str or type(location) is not str:
-            raise UnpicklingError(f"a storage's key and location must be strings, got {_describe(key)} and "
-                                  f"{_describe(location)}")
-        if type(numel) is not int or not 0 <= numel <= INT64_MAX:
-            raise UnpicklingError(f"a storage's size must be a non-negative int, got {_describe(numel)}")
-        storage = self._by_key.get(key)
-        if storage is None:
-            try:
-                storage = self._load_storage(key, location, storage_type.dtype, numel)
-            except BaseException as exc:
-                self._caller_error = exc
-                raise
-            self._by_key[key] = storage
-            self._dtypes.setdefault(id(storage), (storage, storage_type.dtype))
-        return storage
-
-    # ------------------------------------------------------------------------------------------ callables
-    def _tensor(self, storage, offset, size, stride, dtype=None):
-        entry = self._dtypes.get(id(storage))
-        if entry is None or entry[0] is not storage:
-            raise UnpicklingError(f"a tensor must be rebuilt from a storage of this file, not {_describe(storage)}")
-        dtype = entry[1] if dtype is None else dtype
-        size, stride = _ints(size, "size"), _ints(stride, "stride")
-        if len(size) != len(stride):
-            raise UnpicklingError(f"a tensor's size {list(size)} and stride {list(stride)} differ in length")
-        if type(offset) is not int or not 0 <= offset <= INT64_MAX:
-            raise UnpicklingError(f"a tensor's storage offset must be a non-negative int, got {_describe(offset)}")
-        if math.prod(size):
-            end = (offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1) * dtype.itemsize
-            if end > storage.nbytes():
-                raise UnpicklingError(f"a {dtype.name} tensor of size {list(size)}, stride {list(stride)} and "
-                                      f"offset {offset} reaches byte {end} of its storage, which has "
-                                      f"{storage.nbytes()} bytes")
-        return Tensor(storage, size, stride, offset, dtype)
-
-    def _rebuild_tensor(self, storage, storage_offset, size, stride):
-        return self._tensor(storage, storage_offset, size, stride)
-
-    def _rebuild_tensor_v2(self, storage, storage_offset, size, stride, requires_grad, backward_hooks,
-                           metadata=None):
-        return self._tensor(storage, storage_offset, size, stride)
-
-    def _rebuild_tensor_v3(self, storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype,
-                           metadata=None):
-        if type(dtype) is not dtypes.dtype:
-            raise UnpicklingError(f"_rebuild_tensor_v3 needs a dtype, got {_describe(dtype)}")
-        return self._tensor(storage, storage_offset, size, stride, dtype)
-
-    def _rebuild_parameter(self, data, requires_grad, backward_hooks):
-        """A Parameter loads as its tensor: minitensor has no autograd."""
-        if type(data) is not Tensor:
-            raise UnpicklingError(f"a Parameter's data must be a tensor, got {_describe(data)}")
-        return data
-
-    def _rebuild_parameter_with_state(self, data, requires_grad, backward_hooks, state):
-        return self._rebuild_parameter(data, requires_grad, backward_hooks)
-
-    def _rebuild_from_type_v2(self, func, new_type, args, state):
-        """A tensor with Python attributes (or a Parameter): rebuilt by `func`; the attributes are dropped,
-        minitensor tensors have none."""
-        if type(func) is not Global or func.fn is None or func.name not in TENSOR_REBUILDS:
-            raise UnpicklingError(f"_rebuild_from_type_v2 can only call a tensor rebuild function, not {func!r}")
-        if not any(new_type is marker for marker in MARKERS.values()):  # identity: tensors compare elementwise
-            raise UnpicklingError(f"_rebuild_from_type_v2 can only make a Tensor or Parameter, not {new_type!r}")
-        if type(args) is not tuple:
-            raise UnpicklingError(f"_rebuild_from_type_v2 needs an argument tuple, got {_describe(args)}")
-        return func.fn(*args)
-
-    def _ordered_dict(self):
-        return OrderedDict()
-
-    def _size(self, values):
-        return Size(_ints(values, "torch.Size"))
-
-    def _torch_device(self, kind, index=None):
-        if type(kind) is not str or not (index is None or type(index) is int):
-            raise UnpicklingError(f"torch.device needs a string and an optional int, got {_describe(kind)}, "
-                                  f"{_describe(index)}")
-        return _device(kind, index)
-
-    def _encode(self, text, encoding):
-        if type(text) is not str or type(encoding) is not str or encoding not in ("latin1", "latin-1"):
-            raise UnpicklingError(f"_codecs.encode is allowed only as encode(str, 'latin1') for bytes, got "
-                                  f"{_describe(text)}, {encoding!r}")
-        return text.encode("latin1")
-
-    def _bytes(self):
-        return b""
-
-    def _bytearray(self, data=b"", encoding=None):
-        if encoding is not None:
-            data = self._encode(data, encoding)
-        if type(data) is not bytes:
-            raise UnpicklingError(f"bytearray needs bytes, got {_describe(data)}")
-        return bytearray(data)
-
-    def _set(self, items=()):
-        return set(_sequence(items, "set"))
-
-    def _frozenset(self, items=()):
-        return frozenset(_sequence(items, "frozenset"))
-
-    def _complex(self, real=0.0, imag=0.0):
-        if type(real) not in (int, float) or type(imag) not in (int, float):
-            raise UnpicklingError(f"complex needs two numbers, got {_describe(real)}, {_describe(imag)}")
-        return complex(real, imag)
-
-
-def _ascii(value):
-    return value.decode("ascii") if type(value) is bytes else value
-
-
-def _ints(values, what):
-    if not isinstance(values, (tuple, list)) or not all(type(v) is int and 0 <= v <= INT64_MAX for v in values):
-        raise UnpicklingError(f"a tensor's {what} must be a tuple of non-negative ints, got {_describe(values)}")
-    return tuple(values)
-
-
-def _sequence(items, what):
-    if type(items) not in (list, tuple, set, frozenset):
-        raise UnpicklingError(f"{what} needs a list, got {_describe(items)}")
-    return items
-
-
-def _describe(value):
-    text = repr(value) if type(value) in (str, bytes, int, float, bool, type(None)) else type(value).__name__
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -8,8 +8,10 @@ torch's files: the archive is written in one pass and needs no seeking. Zip64 fi
 size or offset does not fit in 32 bits.
 
 The reader finds records from the central directory, then each record's data from its local header, and
-checks that everything it points at lies inside the file. Problems raise RuntimeError saying what was
-wrong; the reader never trusts a length it has not checked against the file's size.
+checks that everything it points at lies inside the file, that each local header names its record, and that
+the records it reads add up to no more bytes than the file holds (records that share bytes would let a small
+file load as many copies of them). Problems raise RuntimeError saying what was wrong; the reader never trusts
+a length it has not checked against the file's size.
 """
 import os
 import struct
@@ -139,18 +141,19 @@ class ZipReader:
         self._base = file.tell()
         self._size = file.seek(0, os.SEEK_END) - self._base
         self._spans = {}
+        self._claimed = 0  # bytes of the records whose spans were taken
         self._check_kind()
         entries, self._directory_start = self._read_directory()
         self.prefix = entries[0][0].split("/", 1)[0] if entries else ""
         self._headers = {}
-        for name, offset, size in entries:
+        for name, raw_name, offset, size in entries:
             folder, _, short = name.partition("/")
             if folder != self.prefix or not short:
                 raise self._error(f"record {name!r} is not under the archive's folder {self.prefix!r}/ "
                                   "(a checkpoint keeps every record in one top-level folder)")
             if short in self._headers:
                 raise self._error(f"record {name!r} appears twice")
-            self._headers[short] = (offset, size)
+            self._headers[short] = (offset, size, raw_name)
 
     def names(self):
         return list(self._headers)
@@ -165,15 +168,22 @@ class ZipReader:
         """(offset of the record's data from the start of the file, size)."""
         span = self._spans.get(name)
         if span is None:
-            offset, size = self._entry(name)
-            header = self._read_at(offset, _LOCAL.size, f"the local header of {name}")
-            fields = _LOCAL.unpack(header)
+            offset, size, raw_name = self._entry(name)
+            header = self._read_at(offset, _LOCAL.size + len(raw_name), f"the local header of {name}")
+            fields = _LOCAL.unpack_from(header)
             if fields[0] != _LOCAL_SIG:
                 raise self._error(f"the local header of record {name} at byte {offset} has a bad signature")
+            if fields[9] != len(raw_name) or header[_LOCAL.size:] != raw_name:
+                raise self._error(f"the local header at byte {offset} names {header[_LOCAL.size:]!r}, not record "
+                                  f"{raw_name!r}, which the central directory places there")
             data = offset + _LOCAL.size + fields[9] + fields[10]
             if data + size > self._directory_start:
                 raise self._error(f"record {name} ({size} bytes from byte {data}) runs past the record area, "
                                   f"which ends at byte {self._directory_start}")
+            self._claimed += size
+            if self._claimed > self._size:
+                raise self._error(f"its records overlap: with record {name} ({size} bytes from byte {data}) the "
+                                  f"records read hold {self._claimed} bytes, more than the file's {self._size}")
             span = self._spans[name] = (self._base + data, size)
         return span
 
@@ -284,7 +294,7 @@ class ZipReader:
                                   "uncompressed")
             if offset + _LOCAL.size + usize > cd_offset:
                 raise self._error(f"record {name} ({usize} bytes at byte {offset}) runs into the central directory")
-            entries.append((name, offset, usize))
+            entries.append((name, raw_name, offset, usize))
             pos = name_end + extra_len + comment_len
         return entries, cd_offset
 
