@@ -329,8 +329,11 @@ def test_zip_records_sharing_bytes_are_refused():
     directory += b"".join(zipformat._central_header(f"archive/data/{k}".encode(), crc, 4 * numel, offsets[k])
                           for k in range(10))
     out += directory + zipformat._END.pack(zipformat._END_SIG, 0, 0, 11, 11, len(directory), start, 0)
-    with zipfile.ZipFile(io.BytesIO(out)) as z:
-        assert z.read("archive/data/9") == z.read("archive/data/0") == bytes(4 * numel)
+    try:  # zip tools without an overlap check read ten records (Python's zipfile did before its 2024 fix)
+        with zipfile.ZipFile(io.BytesIO(out)) as z:
+            assert z.read("archive/data/9") == z.read("archive/data/0") == bytes(4 * numel)
+    except zipfile.BadZipFile as e:  # a zipfile with the fix (3.12.3 on the GPU machines) refuses it too
+        assert "Overlapped entries" in str(e)
     with pytest.raises(RuntimeError, match="its records overlap"):
         load_bytes(out)
 
