@@ -1,2 +1,2 @@
 """The ground layer: value types and utilities that import nothing else from minitensor (errors, dtypes, the
-device value type, the C-extension builder and the disk cache)."""
+device value type, int arguments, the C-extension builder and the disk cache)."""

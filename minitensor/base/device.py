@@ -1,6 +1,7 @@
 """`mt.device`: a device type ("cpu" or "cuda") and an optional index."""
-import operator
 import re
+
+from .arguments import int_arg
 
 _DEVICE_RE = re.compile(r"(cpu|cuda)(?::(0|[1-9][0-9]*))?")  # whole strings only (fullmatch), ASCII digits, as torch
 
@@ -53,9 +54,7 @@ def _index_arg(index):
     """A device index: None, or an int >= 0 (numpy's ints too; not a bool, as in torch)."""
     if index is None:
         return None
-    if isinstance(index, bool) or not hasattr(index, "__index__"):
-        raise TypeError(f"device(): argument 'index' must be int, not {type(index).__name__}")
-    index = operator.index(index)
+    index = int_arg(index, "device(): argument 'index'")
     if index < 0:
         raise RuntimeError(f"Device index must not be negative, got {index}")
     return index

@@ -8,6 +8,7 @@ import operator
 
 import numpy as np
 
+from ..base.arguments import int_arg
 from ..base.dtypes import INT
 from .fields import TensorFields
 
@@ -120,15 +121,6 @@ def as_strided(size, stride, offset, itemsize, nbytes):
                            f"itemsize {itemsize} requiring a storage size of {needed} are out of bounds for storage "
                            f"of size {nbytes}")
     return shape, stride, offset
-
-
-def int_arg(value, what):
-    """An int argument (a Python or numpy int, a 0-d integer tensor), with torch's TypeError for anything else."""
-    if type(value) is int:
-        return value
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{what} must be int, not {type(value).__name__}")
-    return operator.index(value)
 
 
 def int_tuple(values, what):

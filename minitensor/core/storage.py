@@ -10,12 +10,12 @@ import pickle
 
 import numpy as np
 
+from ..base.arguments import int_arg
 from ..base.device import CPU
 from ..cuda import host_memory, memory, transfer
 from ..cuda.devices import as_device, cuda_device
 from ..cuda.streams import current_stream_handle
 from .fields import StorageFields, allocate, storage as new_storage
-from .shapes import int_arg
 
 
 class UntypedStorage(StorageFields):

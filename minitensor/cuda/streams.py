@@ -5,10 +5,10 @@ streams are never destroyed, so a handle cached by the allocator never comes bac
 The current stream is per thread and per device; the default is the legacy default stream (handle 0).
 """
 import itertools
-import operator
 import threading
 
 from ..backends import active_driver
+from ..base.arguments import int_arg
 from .device_errors import raise_pending
 from .devices import cuda_device, current_device, index_of, set_device
 
@@ -59,12 +59,6 @@ def _checked_event(e, what):
     return e
 
 
-def _int_arg(value, what):
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{what} must be int, not {type(value).__name__}")
-    return operator.index(value)
-
-
 def _pooled_handle(index, priority):
     key = (index, priority < 0)
     with _pool_lock:
@@ -87,7 +81,7 @@ class Stream:
     def __init__(self, device=None, priority=0, _handle=None):
         self.device = cuda_device(device)
         index = self.device.index
-        priority = _int_arg(priority, "Stream(): argument 'priority'")
+        priority = int_arg(priority, "Stream(): argument 'priority'")
         self.priority = priority
         self.cuda_stream = _pooled_handle(index, priority) if _handle is None else _handle
         self._saved = None
@@ -164,7 +158,7 @@ class ExternalStream(Stream):
     __slots__ = ()
 
     def __init__(self, stream_ptr, device=None):
-        handle = _int_arg(stream_ptr, "ExternalStream(): argument 'stream_ptr'")
+        handle = int_arg(stream_ptr, "ExternalStream(): argument 'stream_ptr'")
         if handle < 0:
             raise ValueError(f"ExternalStream(): stream_ptr must be a stream's address (>= 0), got {handle}")
         super().__init__(device, 0, _handle=handle)

@@ -32,7 +32,7 @@ from ..core.alloc import empty
 from ..core.fields import allocate
 from ..core.host_arrays import numpy_values, numpy_view, to_storage_values
 from ..core.layout import layout_number, layout_of
-from ..core.shapes import contiguous_strides, is_contiguous, new_shape
+from ..core.shapes import OVERLAP, contiguous_strides, is_contiguous, new_shape, overlaps_itself
 from ..cuda import memory
 from ..cuda.devices import as_device, current_device
 from ..cuda.random import DEFAULT_SEED, check_seed, generator as cuda_generator, manual_seed_all
@@ -116,9 +116,8 @@ def _filler(like, plan_of, cpu_values):
     `cpu_values(generator, n, s0, s1)` (host values in row-major order) on the CPU. Layouts other than
     contiguous go through a contiguous temporary, so they get the numbers a contiguous tensor would."""
     shape, dtype, device = like.shape, like.dtype, like.device
-    if any(st == 0 and size > 1 for st, size in zip(like.stride, shape)):
-        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
-                           "single memory location. Please clone() the tensor before performing the operation.")
+    if overlaps_itself(shape, like.stride):
+        raise RuntimeError(OVERLAP)
     n = math.prod(shape)
     if n == 0:
         return lambda t, s0, s1: None
