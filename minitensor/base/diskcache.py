@@ -27,12 +27,14 @@ def path(name):
     configured = os.environ.get("MINITENSOR_CACHE_DIR")
     folder = configured or os.path.join(os.path.expanduser("~"), ".cache", "minitensor")
     entry = os.path.join(folder, name)
-    if folder not in _checked:
+    if os.path.exists(entry) or os.path.exists(entry + ".json"):  # an entry is read wherever it is
+        return entry
+    if folder not in _checked:  # probed only when an entry is to be written: a warm start writes nothing
         with _lock:
             if folder not in _checked:
                 _checked[folder] = _problem(folder)
     problem = _checked[folder]
-    if problem is None or os.path.exists(entry) or os.path.exists(entry + ".json"):
+    if problem is None:
         return entry
     what = f"MINITENSOR_CACHE_DIR={folder!r}" if configured else f"the cache folder {folder!r}"
     return os.path.join(_temporary(what, problem), name)
