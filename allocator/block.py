@@ -55,12 +55,14 @@ class FreeList:
     changes to the cached blocks (whoever pops a bin counts it too).
     """
 
-    __slots__ = ("owner", "small", "stream", "stats", "other_stats", "all_peaks", "sizes", "bins", "version")
+    __slots__ = ("owner", "small", "stream", "pool", "stats", "other_stats", "all_peaks", "sizes", "bins",
+                 "version")
 
-    def __init__(self, owner, small, stream, stats, other_stats, all_peaks):
+    def __init__(self, owner, small, stream, stats, other_stats, all_peaks, pool=None):
         self.owner = owner  # the allocator
         self.small = small  # the small pool (requests up to 1 MiB) or the large one
         self.stream = stream
+        self.pool = pool  # the private pool (allocator/private_pools.py) it belongs to, None: the general cache
         # the statistics it moves: its pool's, the other pool's, and the all-pools peaks (see stats.py)
         self.stats, self.other_stats, self.all_peaks = stats, other_stats, all_peaks
         self.sizes = []

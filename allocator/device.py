@@ -28,6 +28,7 @@ import threading
 from minitensor.base.errors import OutOfMemoryError
 
 from .block import ALLOCATED, FREE, NULL, PENDING, QUEUED, Block, FreeList
+from .private_pools import PrivatePools
 from .reuse import QueuedFrees
 from .segments import Segments
 from .settings import Settings
@@ -40,16 +41,21 @@ from .stream_events import StreamEvents
 _UNLIMITED = 1 << 64  # max_split_size when none is set: no block reaches it
 
 
-class DeviceCachingAllocator(QueuedFrees, Segments, StatsReset):
-    """The caching allocator of one device. Its queued frees (reuse.py) and its segments (segments.py) are
-    mixins rather than objects of their own: they share its state, and the hot path reads it inline."""
+class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, StatsReset):
+    """The caching allocator of one device. Its queued frees (reuse.py), its segments (segments.py) and its
+    private pools (private_pools.py) are mixins rather than objects of their own: they share its state, and
+    the hot path reads it inline."""
 
     def __init__(self, driver, device, settings=None):
         self.driver = driver
         self.device = device
         self._lock = threading.Lock()
-        self._small = {}  # stream -> FreeList of the small pool
-        self._large = {}  # stream -> FreeList of the large pool
+        self._small = {}  # stream, or (private pool id, stream) -> FreeList of the small pool
+        self._large = {}  # the same for the large pool
+        self._pools = {}  # private pool id -> PrivatePool (private_pools.py)
+        self._routes = []  # open routes of allocations to private pools: [pool, matches(stream), is_capture]
+        self._capturing = 0  # how many of them are captures
+        self._deferred = []  # blocks freed during a capture, their record_stream events not yet recorded
         self._segments = {}  # segment address -> its first block
         self._events = StreamEvents(driver, self._events_done, per_stream=True)
         self._queued_events = self._events.queues  # empty unless an event pends: tested inline on the hot path
@@ -73,10 +79,14 @@ class DeviceCachingAllocator(QueuedFrees, Segments, StatsReset):
             self._max_split = settings.max_split_size or _UNLIMITED
             self._divisions = settings.roundup_power2_divisions
             self._gc_threshold = settings.garbage_collection_threshold
-            # The shortcuts assume plain 512-byte rounding and no garbage-collection clock to advance.
-            self._plain = self._divisions is None and not self._gc_threshold
-            for free_list in [*self._small.values(), *self._large.values()]:
-                free_list.version += 1  # a victim's reuse depends on max_split_size
+            self._set_plain()
+
+    def _set_plain(self):
+        """The shortcuts assume plain 512-byte rounding, no garbage-collection clock to advance and no
+        allocation routed to a private pool (lock held)."""
+        self._plain = self._divisions is None and not self._gc_threshold and not self._routes
+        for free_list in [*self._small.values(), *self._large.values()]:
+            free_list.version += 1  # a victim's reuse depends on these and on max_split_size
 
     # ------------------------------------------------------------------ the interface storages use
     def alloc(self, nbytes, stream):
@@ -90,7 +100,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, StatsReset):
         lock = self._lock
         lock.acquire()
         try:
-            if self._queued_events:
+            if self._queued_events and not self._capturing:  # no event query while a stream captures
                 self._settle()
                 self._events.poll()
             freed = self._freed
@@ -154,6 +164,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, StatsReset):
     def empty_cache(self):
         """Wait for blocks still used by other streams, then give every unsplit cached segment back."""
         with self._lock:
+            self._refuse_while_capturing("empty_cache()")
             self._settle()
             self._release_cached()
 
@@ -202,7 +213,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, StatsReset):
         if nbytes >= ONE_EB:
             raise OutOfMemoryError("CUDA out of memory. Tried to allocate more than 1EB memory.")
         size = round_size(nbytes, self._divisions)
-        free_list = self._free_list(size <= SMALL_SIZE, stream)
+        free_list = self._free_list(size <= SMALL_SIZE, stream, self._route(stream) if self._routes else None)
         block = self._find_cached(free_list, size)
         if block is None:
             block = self._new_block(free_list, size)
@@ -215,12 +226,14 @@ class DeviceCachingAllocator(QueuedFrees, Segments, StatsReset):
         self._count_taken(block, nbytes)
         return block
 
-    def _free_list(self, small, stream):
+    def _free_list(self, small, stream, pool=None):
+        """The free list of (stream, small or large) in the general cache, or in a private pool."""
         pools = self._small if small else self._large
-        free_list = pools.get(stream)
+        key = stream if pool is None else (pool.id, stream)
+        free_list = pools.get(key)
         if free_list is None:
             stats, other = (self.stats.small, self.stats.large) if small else (self.stats.large, self.stats.small)
-            free_list = pools[stream] = FreeList(self, small, stream, stats, other, self.stats.all)
+            free_list = pools[key] = FreeList(self, small, stream, stats, other, self.stats.all, pool)
         return free_list
 
     def _find_cached(self, free_list, size):
@@ -318,6 +331,9 @@ class DeviceCachingAllocator(QueuedFrees, Segments, StatsReset):
             block.state = PENDING
             p.pending += 1
             p.pending_bytes += size
+            if self._capturing:  # no event may be recorded on a capturing stream: after the capture
+                self._deferred.append(block)
+                return
             self._events.record(block)
             self._events.queue(block)
         else:

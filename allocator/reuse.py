@@ -108,8 +108,8 @@ class QueuedFrees:
         or not), so the allocator keeps it until that list's version changes (configure changes every list's).
         A free that saw plain settings may queue its block just after another thread's configure changed them:
         under other settings no queued block is a victim."""
-        if not self._plain:
-            return None
+        if not self._plain or victim.free_list.pool is not None:
+            return None  # a block of a private pool goes back to its pool
         prev, nxt = victim.prev, victim.next
         if prev is not None and prev.state == FREE:
             return None  # merged with its lower neighbour, the allocation would start lower

@@ -24,12 +24,13 @@ class Segments:
     def _new_block(self, free_list, size):
         """A new segment for `size`, after the out-of-memory retries; raises OutOfMemoryError."""
         alloc_size = segment_size(size)
-        if self._limit is not None and self._gc_threshold:
+        capturing = self._capturing  # freeing segments is illegal while a stream captures
+        if self._limit is not None and self._gc_threshold and not capturing:
             self._garbage_collect()
         block = self._new_segment(free_list, alloc_size)
-        if block is None and self._release_oversize(free_list, size):
+        if block is None and not capturing and self._release_oversize(free_list, size):
             block = self._new_segment(free_list, alloc_size)
-        if block is None:
+        if block is None and not capturing:
             self._release_cached()
             self.stats.num_alloc_retries += 1
             block = self._new_segment(free_list, alloc_size)
@@ -49,6 +50,8 @@ class Segments:
             return None
         block = Block(ptr, alloc_size, free_list.stream, free_list)
         self._segments[ptr] = block
+        if free_list.pool is not None:
+            free_list.pool.segments += 1
         p = free_list.stats
         p.segment += 1
         p.reserved_bytes += alloc_size
@@ -67,22 +70,29 @@ class Segments:
         free, total = self.driver.mem_get_info(self.device)
         allowed = "" if self._limit is None else f"{format_size(self._limit)} allowed; "
         allocated, reserved = self.stats.current("allocated_bytes"), self.stats.current("reserved_bytes")
+        private = self.private_bytes()
+        private = f" with {format_size(private)} allocated in private pools (e.g., CUDA Graphs)," if private else ""
         return (f"CUDA out of memory. Tried to allocate {format_size(alloc_size)}. GPU {self.device} has a total "
                 f"capacity of {format_size(total)} of which {format_size(free)} is free. {allowed}Of the "
-                f"allocated memory {format_size(allocated)} is allocated by minitensor, and "
+                f"allocated memory {format_size(allocated)} is allocated by minitensor,{private} and "
                 f"{format_size(reserved - allocated)} is reserved by minitensor but unallocated.")
 
     def _release_cached(self):
-        """Wait for every pending block's events and cache it, then free every unsplit cached segment."""
+        """Wait for every pending block's events and cache it, then free every unsplit cached segment of the
+        general cache and of the private pools no graph uses any more."""
         self.stats.num_sync_all_streams += 1
         self._events.synchronize()
         for pools in (self._large, self._small):
-            for free_list in [pools[stream] for stream in sorted(pools)]:
+            for key in sorted(pools, key=_general_first):
+                free_list = pools[key]
+                if free_list.pool is not None and free_list.pool.use_count:
+                    continue
                 for block in free_list.blocks():
                     if block.prev is None and block.next is None:
                         self._release(block)
                 free_list.prune()
         self._events.destroy_spares()
+        self._drop_unused_pools()
 
     def _release_oversize(self, free_list, size):
         """With max_split_size set: free one cached unsplit block covering the request, or else the
@@ -109,7 +119,8 @@ class Segments:
         target = self.stats.current("reserved_bytes") - int(self._gc_threshold * self._limit)
         if target <= 0:
             return
-        candidates = [b for fl in self._large.values() for b in fl.blocks() if b.prev is None and b.next is None]
+        candidates = [b for fl in self._large.values() if fl.pool is None for b in fl.blocks()
+                      if b.prev is None and b.next is None]
         reclaimed = 0
         while candidates and reclaimed < target:
             average = sum(self._gc_lookups - b.gc_base for b in candidates) / len(candidates)
@@ -128,9 +139,16 @@ class Segments:
         block.free_list.remove(block)
         self.driver.free(self.device, block.ptr)
         del self._segments[block.ptr]
+        if block.free_list.pool is not None:
+            block.free_list.pool.segments -= 1
         p = block.free_list.stats
         p.segment -= 1
         p.reserved_bytes -= block.size
         stats.num_device_free += 1
         if block.size >= self._max_split:
             stats.oversize_segments.down()
+
+
+def _general_first(key):
+    """Free-list keys in order: the general cache's (stream handles), then the private pools' ((pool id, stream))."""
+    return (0, key, ()) if isinstance(key, int) else (1, key[1], key[0])

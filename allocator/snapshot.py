@@ -27,5 +27,6 @@ def segment_dict(device, first):
         block = block.next
     return {"device": device, "address": first.ptr, "total_size": total, "allocated_size": allocated,
             "active_size": active, "requested_size": requested, "stream": first.stream,
-            "segment_type": "small" if first.free_list.small else "large", "segment_pool_id": (0, 0),
+            "segment_type": "small" if first.free_list.small else "large",
+            "segment_pool_id": (0, 0) if first.free_list.pool is None else first.free_list.pool.id,
             "is_expandable": False, "frames": [], "blocks": blocks}

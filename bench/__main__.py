@@ -8,7 +8,7 @@ import platform
 import sys
 from dataclasses import dataclass
 
-from bench import allocator, copies, frameworks, report, serialization, startup
+from bench import allocator, copies, frameworks, graphs, report, serialization, startup
 from bench.cases import CASES, DEVICE, HOST
 from bench.startup import STARTUP_CASES
 from bench.targets import evaluate
@@ -109,7 +109,8 @@ def meta(mt, fws, args, cfg):
         "python": sys.version.split()[0], "platform": platform.platform(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "config": cfg.__dict__, "ratio": report.RATIO_HELP,
-        "units": "host: us per call; device: s per launch and GB/s (bytes read + written); startup: s",
+        "units": "host: us per call; device: s per launch and GB/s (bytes read + written); startup: s; "
+                 "graphs: each row's own unit",
     }
 
 
@@ -123,7 +124,7 @@ def print_results(info, rows, verdicts, sim):
     sections = [
         (HOST, report.host_section), (DEVICE, report.device_section), ("startup", report.startup_section),
         (serialization.KIND, serialization.section), (allocator.KIND, allocator.section),
-        (copies.KIND, copies.section),
+        (copies.KIND, copies.section), (graphs.KIND, graphs.section),
     ]
     for kind, section in sections:
         selected = [r for r in rows if r["kind"] == kind]
@@ -136,6 +137,16 @@ def print_results(info, rows, verdicts, sim):
     if errors:
         print()
         print(errors)
+
+
+def print_summary(data):
+    """The targets of an earlier run; before them its CUDA graph rows, whose "eager vs graph per op" and
+    allocation check no target holds."""
+    rows = [r for r in data.get("results", []) if r["kind"] == graphs.KIND]
+    if rows:
+        print(graphs.section(rows, data["targets"]))
+        print()
+    print(report.summary(data["targets"]))
 
 
 def parse_args(argv):
@@ -151,7 +162,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.summary:
         with open(args.summary) as f:
-            print(report.summary(json.load(f)["targets"]))
+            print_summary(json.load(f))
         return 0
     mt_fw = frameworks.minitensor()
     backend = mt_fw.module.cuda.backend()
@@ -165,6 +176,7 @@ def main(argv=None):
                                                          lambda k, n: _selected(k, n, args.only), _new_row)]
     rows += allocator.run(fws, sim, lambda k, n: _selected(k, n, args.only), _new_row)
     rows += copies.run(fws, sim, lambda k, n: _selected(k, n, args.only), _new_row)
+    rows += graphs.run(fws, sim, args.quick, lambda k, n: _selected(k, n, args.only), _new_row)
     verdicts = evaluate({r["key"]: r for r in rows}, sim)
     info = meta(mt_fw.module, fws, args, cfg)
 

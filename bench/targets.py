@@ -65,6 +65,15 @@ def _peak_vs_torch(key):
     return measure
 
 
+def _replay_allocations(key):
+    """How many allocations minitensor's graph replays made (growth of the counters bench/graphs.py reads
+    around a batch of replays), or None when not checked."""
+    def measure(rows):
+        counts = rows[key].get("alloc_check", {}).get("minitensor") if key in rows else None
+        return sum(after - before for before, after in counts.values()) if counts else None
+    return measure
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -135,6 +144,12 @@ TARGETS = [
            _over_mt("copy.d2h_pinned", "raw"), lambda v: v >= 0.95, "{:.3f}x raw speed", gpu_only=True),
     Target("H2D 256 MiB pageable vs torch .cuda()", "copy.h2d_pageable", ">= 1.0x torch speed (aim 2x)",
            _torch_over_mt("copy.h2d_pageable"), lambda v: v >= 1.0, "{:.2f}x torch speed", gpu_only=True),
+    Target("graph replay per kernel vs torch", "graph.replay_add_out", "<= torch's time per kernel",
+           _mt_over_torch("graph.replay_add_out"), lambda v: v <= 1.0, "{:.2f}x torch time"),
+    Target("graph capture vs torch", "graph.capture", "<= torch's capture time",
+           _mt_over_torch("graph.capture"), lambda v: v <= 1.0, "{:.2f}x torch time"),
+    Target("graph replays allocate nothing", "graph.replay_alloc", "0 allocations",
+           _replay_allocations("graph.replay_alloc"), lambda v: v == 0, "{:.0f} allocations"),
     *(Target(f"peak reserved: {t.name}", t.key, "<= torch's", _peak_vs_torch(t.key), lambda v: v <= 1.0,
              "{:.3f}x torch's") for t in TRACES),
 ]

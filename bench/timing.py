@@ -45,9 +45,10 @@ def device_s_per_launch(fn, fw, launches, repeats):
     return best
 
 
-def best_s_in_turns(setups, repeats):
+def best_s_in_turns(setups, repeats, pick=min):
     """Wall seconds of each contender's run, {label: setup}, setup() -> (fn, synchronize or None, prepare or
-    None): the best of `repeats`, after one untimed run each (the warm-up: compiled kernels, filled caches).
+    None): the best of `repeats` (or `pick` of them, e.g. statistics.median for a figure that is one-off by
+    nature, a graph capture), after one untimed run each (the warm-up: compiled kernels, filled caches).
     The contenders take turns, run by run, so that a drift of the machine's speed (clock boost, a
     neighbour's load, a passing slowdown of the link or the disk) falls on all of them alike. `prepare()` runs
     untimed before each timed run. A contender whose setup or run fails is dropped, and its exception
@@ -62,9 +63,9 @@ def best_s_in_turns(setups, repeats):
         except Exception as exc:
             contenders.pop(label, None)
             errors[label] = exc
-    best = {label: math.inf for label in contenders}
+    runs = {label: [] for label in contenders}
     for _ in range(repeats):
-        for label in list(best):
+        for label in list(runs):
             fn, synchronize, prepare = contenders[label]
             try:
                 if prepare is not None:
@@ -75,7 +76,7 @@ def best_s_in_turns(setups, repeats):
                     synchronize()
             except Exception as exc:
                 errors[label] = exc
-                del best[label]
+                del runs[label]
                 continue
-            best[label] = min(best[label], time.perf_counter() - start)
-    return best, errors
+            runs[label].append(time.perf_counter() - start)
+    return {label: pick(seconds) for label, seconds in runs.items() if seconds}, errors

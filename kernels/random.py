@@ -26,7 +26,12 @@ _TWO_PI = tl.constexpr(6.283185307179586)
 
 @jit
 def _philox(seed, offset, PER: tl.constexpr, BLOCK: tl.constexpr):
-    """The four uint32 words of each of this program's BLOCK // PER counters: Philox4x32-10."""
+    """The four uint32 words of each of this program's BLOCK // PER counters: Philox4x32-10. In a CUDA graph,
+    `seed` points to the generator's [seed, offset] that each replay sets (set_state), and `offset` counts from
+    that offset, so every replay draws new numbers."""
+    if seed.dtype.is_ptr():
+        offset = tl.load(seed + 1) + offset
+        seed = tl.load(seed)
     COUNT: tl.constexpr = BLOCK // PER
     c = offset + tl.program_id(0).to(tl.int64) * COUNT + tl.arange(0, COUNT)
     c0 = c.to(tl.uint32)
@@ -176,3 +181,10 @@ def integers(out_ptr, seed, offset, n, low, span, MODE: tl.constexpr, INDEX64: t
         x = x.to(tl.int64, bitcast=True)
     offs = _linear_offsets(INDEX64, BLOCK)
     _store(out_ptr, offs, offs < n, x + low)
+
+
+@jit
+def set_state(state_ptr, seed, offset):
+    """Before a graph's replay: the [seed, offset] its random kernels read (see _philox)."""
+    tl.store(state_ptr, seed)
+    tl.store(state_ptr + 1, offset)

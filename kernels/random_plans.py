@@ -3,7 +3,8 @@ counters a call consumes, worked out once per (kernel, dtypes, numel, device) an
 
 Every random kernel writes a contiguous output of n elements (minitensor.random fills other layouts through
 a contiguous temporary) and takes `out_ptr, seed, offset, n, s0, s1`: two scalars, or for bernoulli a
-number and a pointer.
+number and a pointer. In a CUDA graph (`captured`), `seed` is the address of the graph's generator state
+(kernels/random.py `_philox`), which `state_setter` writes before each replay.
 """
 import functools
 
@@ -25,11 +26,11 @@ class _Plan:
 
     __slots__ = ("counters", "run")
 
-    def __init__(self, kernel, device, out_type, scalar_types, n, constexprs, per, s1_pointer=False):
+    def __init__(self, kernel, device, out_type, scalar_types, n, constexprs, per, s1_pointer, captured):
         index64 = n >= 2**31
-        types = (out_type, "i64", "i64", "i64" if index64 else "i32") + scalar_types
+        types = (out_type, "*i64" if captured else "i64", "i64", "i64" if index64 else "i32") + scalar_types
         consts = constexprs + (index64, BLOCK)
-        n_aligned = (3,) if n % 16 == 0 else ()
+        n_aligned = ((1,) if captured else ()) + ((3,) if n % 16 == 0 else ())  # a graph's state: 512-aligned
         pointers = (0, 5) if s1_pointer else (0,)
         grid = -(-n // BLOCK)
         self.counters = -(-n // per)
@@ -58,27 +59,38 @@ def _float_scalar(dtype):
 
 
 @functools.lru_cache(maxsize=1024)
-def uniform_plan(dtype, n, device):
+def uniform_plan(dtype, n, device, captured=False):
     """s0, s1: the bounds low, high."""
     return _Plan("random.uniform", device, "*" + dtype.triton, (_float_scalar(dtype),) * 2, n, (),
-                 2 if dtype.name == "float64" else 4)
+                 2 if dtype.name == "float64" else 4, False, captured)
 
 
 @functools.lru_cache(maxsize=1024)
-def normal_plan(dtype, n, device):
+def normal_plan(dtype, n, device, captured=False):
     """s0, s1: mean, std."""
     return _Plan("random.normal", device, "*" + dtype.triton, (_float_scalar(dtype),) * 2, n, (),
-                 2 if dtype.name == "float64" else 4)
+                 2 if dtype.name == "float64" else 4, False, captured)
 
 
 @functools.lru_cache(maxsize=1024)
-def bernoulli_plan(p_dtype, dtype, n, device):
+def bernoulli_plan(p_dtype, dtype, n, device, captured=False):
     """s0: p as a number when p_dtype is None; s1: else the address of a contiguous p of out's shape."""
     return _Plan("random.bernoulli", device, "*" + dtype.triton, ("fp64", "*" + (p_dtype or dtype).triton), n,
-                 (p_dtype is None,), 4, s1_pointer=p_dtype is not None)
+                 (p_dtype is None,), 4, p_dtype is not None, captured)
 
 
 @functools.lru_cache(maxsize=1024)
-def integers_plan(mode, dtype, n, device):
+def integers_plan(mode, dtype, n, device, captured=False):
     """s0, s1: low and the span (int64 bits); see random.integers for the modes."""
-    return _Plan("random.integers", device, "*" + dtype.triton, ("i64", "i64"), n, (mode,), 4 if mode == 0 else 2)
+    return _Plan("random.integers", device, "*" + dtype.triton, ("i64", "i64"), n, (mode,), 4 if mode == 0 else 2,
+                 False, captured)
+
+
+@functools.lru_cache(maxsize=None)
+def state_setter(device):
+    """set(stream, state_ptr, seed, offset): a graph's generator state, launched before each replay."""
+    launch = launcher.get("random.set_state", device, ("*i64", "i64", "i64"), (), (0,), 1)
+
+    def set_state(stream, state_ptr, seed, offset):
+        launch(1, 1, 1, stream, state_ptr, seed, offset)
+    return set_state

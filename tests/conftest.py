@@ -3,6 +3,7 @@
 With no MINITENSOR_BACKEND set, a machine without a GPU uses the simulator; say so once, not per test.
 """
 import faulthandler
+import gc
 import os
 
 import pytest
@@ -15,6 +16,22 @@ DEVICES = ["cpu", "cuda"]
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
+
+
+@pytest.fixture
+def clean_cuda_state():
+    """Each test starts with an idle device and an empty cache, and ends with the default stream current."""
+    gc.collect()
+    mt.cuda.synchronize()
+    mt.cuda.empty_cache()
+    yield
+    try:
+        mt.cuda.set_device(0)
+        mt.cuda.set_stream(mt.cuda.default_stream())
+    finally:
+        gc.collect()
+        mt.cuda.synchronize()
+        mt.cuda.empty_cache()
 
 
 def pytest_configure(config):

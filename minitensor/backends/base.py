@@ -46,7 +46,8 @@ class Driver:
     def synchronize(self, device): raise NotImplementedError
     def error_string(self, code): raise NotImplementedError
 
-    # memory: malloc raises OutOfMemoryError when the device is full
+    # memory: malloc raises OutOfMemoryError when the device is full; it may run while a stream captures (the
+    # new memory is not part of the graph)
     def malloc(self, device, nbytes): raise NotImplementedError
     def free(self, device, ptr): raise NotImplementedError
     def host_alloc(self, nbytes): raise NotImplementedError
@@ -82,6 +83,20 @@ class Driver:
     interprets_kernels = False
     def load_function(self, device, cubin, name, shared): raise NotImplementedError
     def interpret(self, device, kernel, wrappers, constexprs): raise NotImplementedError
+
+    # CUDA graphs. Between begin and end a stream captures: the work enqueued on it, and on every stream that
+    # waits for an event recorded in the capture (a stream joins so, and must rejoin the origin stream before
+    # the end), is recorded into a graph instead of running. `mode` is "global", "thread_local" or
+    # "relaxed" (CUDA's capture modes). `stream_end_capture` returns the graph handle, or raises CudaError
+    # (the capture was invalidated, a joined stream did not rejoin); either way the streams capture no longer.
+    # A graph is instantiated into an executable graph that `graph_launch` enqueues as a whole on a stream.
+    def stream_begin_capture(self, stream, mode): raise NotImplementedError
+    def stream_end_capture(self, stream): raise NotImplementedError
+    def graph_node_count(self, graph): raise NotImplementedError
+    def graph_instantiate(self, graph): raise NotImplementedError
+    def graph_destroy(self, graph): raise NotImplementedError
+    def graph_exec_destroy(self, graph_exec): raise NotImplementedError
+    def graph_launch(self, graph_exec, stream): raise NotImplementedError
 
     # the stream waits behind mt.cuda.sleep and mt.cuda.Gate. A gate is a flag the host sets; with
     # `host_waits` the driver's streams wait on the host (`sleep`, `gate_wait`), else minitensor launches spin

@@ -17,6 +17,10 @@ from .base import DeviceProperties, Driver, ThreadDevice
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
 _OOM = cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 _NOT_READY = cu.CUresult.CUDA_ERROR_NOT_READY
+_MODES = {"global": cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
+          "thread_local": cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+          "relaxed": cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED}
+_RELAXED = _MODES["relaxed"]
 
 
 def _check(result):
@@ -49,6 +53,17 @@ def _query(function, handle):
     if err != _SUCCESS:
         raise CudaError(int(err), _error_string(err))
     return True
+
+
+def _relaxed(function, *args):
+    """`function(*args)` in the relaxed capture mode. While a stream captures in the global mode (or in this
+    thread's thread-local mode), a potentially unsafe call (an allocation, a graph's instantiation) is refused
+    and invalidates the capture; minitensor's own calls of these kinds never touch a capturing stream."""
+    mode = _check(cu.cuThreadExchangeStreamCaptureMode(_RELAXED))
+    try:
+        return function(*args)
+    finally:
+        _check(cu.cuThreadExchangeStreamCaptureMode(mode))
 
 
 class NvidiaDriver(Driver):
@@ -126,8 +141,9 @@ class NvidiaDriver(Driver):
 
     # ------------------------------------------------------------------ memory
     def malloc(self, device, nbytes):
+        """cuMemAlloc in the relaxed capture mode, as torch's cudaMallocMaybeCapturing (see `_relaxed`)."""
         self.set_device(device)
-        err, ptr = cu.cuMemAlloc(nbytes)
+        err, ptr = _relaxed(cu.cuMemAlloc, nbytes)
         if err == _OOM:
             raise OutOfMemoryError(f"CUDA error {int(err)}: {_error_string(err)}")
         if err != _SUCCESS:
@@ -141,14 +157,14 @@ class NvidiaDriver(Driver):
     def host_alloc(self, nbytes):
         self.current_device()  # a context must be current
         flags = cu.CU_MEMHOSTALLOC_PORTABLE | cu.CU_MEMHOSTALLOC_DEVICEMAP
-        return int(_check(cu.cuMemHostAlloc(nbytes, flags)))
+        return int(_check(_relaxed(cu.cuMemHostAlloc, nbytes, flags)))
 
     def host_free(self, ptr):
         _check(cu.cuMemFreeHost(ptr))
 
     def host_register(self, ptr, nbytes):
         self.current_device()
-        _check(cu.cuMemHostRegister(ptr, nbytes, cu.CU_MEMHOSTREGISTER_PORTABLE))
+        _check(_relaxed(cu.cuMemHostRegister, ptr, nbytes, cu.CU_MEMHOSTREGISTER_PORTABLE))
 
     def host_unregister(self, ptr):
         _check(cu.cuMemHostUnregister(ptr))
@@ -248,6 +264,33 @@ class NvidiaDriver(Driver):
             _check(cu.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                          optin - static))
         return int(function), int(self._contexts[device])
+
+    # ------------------------------------------------------------------ graphs
+    def stream_begin_capture(self, stream, mode):
+        self.current_device()
+        _check(cu.cuStreamBeginCapture(stream, _MODES[mode]))
+
+    def stream_end_capture(self, stream):
+        self.current_device()
+        return int(_check(cu.cuStreamEndCapture(stream)))
+
+    def graph_node_count(self, graph):
+        return int(_check(cu.cuGraphGetNodes(graph, 0))[1])
+
+    # instantiating and destroying are unsafe calls: relaxed, so another capture underway goes on
+    def graph_instantiate(self, graph):
+        self.current_device()
+        return int(_check(_relaxed(cu.cuGraphInstantiate, graph, 0)))
+
+    def graph_destroy(self, graph):
+        _check(_relaxed(cu.cuGraphDestroy, graph))
+
+    def graph_exec_destroy(self, graph_exec):
+        _check(_relaxed(cu.cuGraphExecDestroy, graph_exec))
+
+    def graph_launch(self, graph_exec, stream):
+        self.current_device()
+        _check(cu.cuGraphLaunch(graph_exec, stream))
 
     # ------------------------------------------------------------------ gates (spin kernels wait on them)
     def gate_create(self):

@@ -27,8 +27,9 @@ import numpy as np
 
 from ..base.errors import CudaError, OutOfMemoryError
 from .base import DeviceProperties, Driver, ThreadDevice
+from .sim_graphs import SimGraphs, capture_error
+from .sim_memory import ALIGNMENT, Arena
 
-_ALIGNMENT = 512
 _ERRORS = {
     0: "no error",
     1: "invalid argument",
@@ -44,71 +45,6 @@ _INTERPRETER_LOCK = threading.Lock()
 _failures = itertools.count()  # orders the failures kept by different streams
 
 
-class _Arena:
-    """One device's memory: a reserved mapping and a first-fit free list of (offset, size), merged on free."""
-
-    def __init__(self, capacity):
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
-        self.capacity = capacity
-        self.map = mmap.mmap(-1, capacity, flags=flags)
-        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
-        self.free_ranges = [(0, capacity)]
-        self.sizes = {}  # live offset -> size
-        self.used = 0
-        self.lock = threading.Lock()
-
-    def malloc(self, nbytes):
-        size = -(-nbytes // _ALIGNMENT) * _ALIGNMENT
-        with self.lock:
-            for i, (offset, length) in enumerate(self.free_ranges):
-                if length >= size:
-                    if length == size:
-                        del self.free_ranges[i]
-                    else:
-                        self.free_ranges[i] = (offset + size, length - size)
-                    self.sizes[offset] = size
-                    self.used += size
-                    return self.base + offset
-        return None
-
-    def free(self, ptr):
-        offset = ptr - self.base
-        with self.lock:
-            size = self.sizes.pop(offset, None)
-            if size is None:
-                raise CudaError(1, _ERRORS[1])
-            self.used -= size
-            ranges = self.free_ranges
-            i = 0
-            while i < len(ranges) and ranges[i][0] < offset:
-                i += 1
-            ranges.insert(i, (offset, size))
-            if i + 1 < len(ranges) and offset + size == ranges[i + 1][0]:
-                ranges[i] = (offset, size + ranges[i + 1][1])
-                del ranges[i + 1]
-            if i > 0 and ranges[i - 1][0] + ranges[i - 1][1] == offset:
-                ranges[i - 1] = (ranges[i - 1][0], ranges[i - 1][1] + ranges[i][1])
-                del ranges[i]
-        self._release_pages(offset, size)
-
-    def _release_pages(self, offset, size):
-        """Give whole freed pages back to the OS, so tests of large tensors don't keep host memory."""
-        page = mmap.PAGESIZE
-        start, end = -(-offset // page) * page, (offset + size) // page * page
-        if end - start >= 16 * page:
-            self.map.madvise(mmap.MADV_DONTNEED, start, end - start)
-
-    def contains(self, ptr):
-        return self.base <= ptr < self.base + self.capacity
-
-    def allocation(self, ptr):
-        """(start, size) of the live allocation holding `ptr`, or None."""
-        offset = ptr - self.base
-        with self.lock:
-            return next(((self.base + start, size) for start, size in self.sizes.items()
-                         if start <= offset < start + size), None)
-
-
 class _Stream:
     """An in-order work queue with its own worker thread."""
 
@@ -122,9 +58,14 @@ class _Stream:
         self.running = False
         self.closed = False
         self.errors = []  # (order, exception) of work that raised, until a synchronising call raises it
+        self.capture = None  # the sim_graphs.Capture recording this stream's work instead of running it
         threading.Thread(target=self._run, daemon=True, name=f"minitensor-sim-stream-{device}").start()
 
     def enqueue(self, work):
+        capture = self.capture
+        if capture is not None:
+            capture.record(self, work)
+            return
         with self.cond:
             if self.closed:
                 raise CudaError(4, _ERRORS[4])
@@ -158,11 +99,23 @@ class _Stream:
             self.closed = True
             self.cond.notify_all()
 
+    def refuse_if_capturing(self):
+        """Synchronizing or querying a capturing stream invalidates its capture and raises, as in CUDA."""
+        capture = self.capture
+        if capture is not None:
+            raise capture.invalidate(900)
+
     def idle(self):
+        self.refuse_if_capturing()
         with self.cond:
             return self.completed == self.enqueued
 
     def wait(self):
+        self.refuse_if_capturing()
+        self.drain()
+
+    def drain(self):
+        """Wait for the queued work (not the captured work, which never runs)."""
         with self.cond:
             target = self.enqueued
             while self.completed < target:
@@ -172,14 +125,21 @@ class _Stream:
 
 
 class _Mark:
-    """One record of an event: set when its stream reaches it, with the time it did."""
+    """One record of an event: set when its stream reaches it, with the time it did. A record in a capture
+    keeps the capture and its place there (sim_graphs.Capture.position) until the capture ends."""
 
-    __slots__ = ("done", "time", "stream")
+    __slots__ = ("done", "time", "stream", "capture", "position")
 
     def __init__(self, stream):
         self.done = threading.Event()
         self.time = None
         self.stream = stream  # the _Stream it was recorded on: synchronizing the event raises its failures
+        self.capture = None
+        self.position = None
+
+    def refuse_if_captured(self):
+        if self.capture is not None:
+            raise capture_error(907)
 
     def complete(self):
         self.time = time.perf_counter()
@@ -207,14 +167,14 @@ def _env_int(name, default, least, what):
     return value
 
 
-class SimDriver(Driver):
+class SimDriver(SimGraphs, Driver):
     name = "sim"
     interprets_kernels = True
     host_waits = True  # a stream is a host thread: it can sleep, or wait for a gate, itself
 
     def __init__(self):
         count = _env_int("MINITENSOR_SIM_DEVICES", 1, 1, "an integer")
-        capacity = _env_int("MINITENSOR_SIM_MEMORY", 4 << 30, _ALIGNMENT, "an integer number of bytes")
+        capacity = _env_int("MINITENSOR_SIM_MEMORY", 4 << 30, ALIGNMENT, "an integer number of bytes")
         self._capacity = capacity
         self._count = count
         self._arenas = [None] * count  # mapped on first use
@@ -223,6 +183,7 @@ class SimDriver(Driver):
         self._default_streams = [None] * count
         self._streams = {}  # handle -> _Stream
         self._events = {}  # handle -> _Event
+        self._graphs = {}  # handle of a graph or an executable graph -> its work, in order
         self._next_handle = 0x1000
         self._host = {}  # host_alloc'd address -> mmap
         self._registered = {}  # host_register'd address -> nbytes
@@ -259,6 +220,8 @@ class SimDriver(Driver):
     def synchronize(self, device):
         streams = self._device_streams(device)
         for stream in streams:
+            stream.refuse_if_capturing()
+        for stream in streams:
             stream.wait()
         self._raise_error(streams)
 
@@ -280,7 +243,7 @@ class SimDriver(Driver):
         if arena is None:
             with self._lock:
                 if self._arenas[device] is None:
-                    self._arenas[device] = _Arena(self._capacity)
+                    self._arenas[device] = Arena(self._capacity)
                 arena = self._arenas[device]
         return arena
 
@@ -295,7 +258,7 @@ class SimDriver(Driver):
         # cuMemFree waits for the device's work; so does the simulation, or queued kernels could
         # write into memory that a later malloc hands out again.
         for stream in self._device_streams(device):
-            stream.wait()
+            stream.drain()
         self._arena(device).free(ptr)
 
     def host_alloc(self, nbytes):
@@ -408,9 +371,23 @@ class SimDriver(Driver):
         self._raise_error([s])
 
     def stream_wait_event(self, stream, event):
-        mark = self._event(event).mark
-        if mark is not None:
-            self._stream(stream).enqueue(mark.done.wait)
+        """A wait for an event recorded in a capture joins the waiting stream to that capture; a capturing
+        stream may wait for no other work."""
+        mark, s = self._event(event).mark, self._stream(stream)
+        if mark is None:
+            return
+        capture = mark.capture
+        if capture is not None:
+            if s.capture is None:
+                s.capture = capture
+                capture.join(s)
+            elif s.capture is not capture:
+                raise s.capture.invalidate(902)
+            capture.waited(s, mark.position)
+        elif s.capture is not None:
+            raise s.capture.invalidate(905)
+        else:
+            s.enqueue(mark.done.wait)
 
     def enqueue(self, stream, work):
         """Run `work()` on the stream's worker after everything enqueued before it."""
@@ -437,15 +414,22 @@ class SimDriver(Driver):
         e, s = self._event(event), self._stream(stream)
         mark = _Mark(s)
         s.enqueue(mark.complete)
+        if s.capture is not None:
+            mark.capture, mark.position = s.capture, s.capture.position(s)
+            s.capture.marks.append(mark)
         e.mark = mark
 
     def event_query(self, event):
         mark = self._event(event).mark
-        return mark is None or mark.done.is_set()
+        if mark is None:
+            return True
+        mark.refuse_if_captured()
+        return mark.done.is_set()
 
     def event_synchronize(self, event):
         mark = self._event(event).mark
         if mark is not None:
+            mark.refuse_if_captured()
             while not mark.done.wait(0.1):
                 if mark.stream.closed:
                     raise CudaError(4, _ERRORS[4])
@@ -467,7 +451,7 @@ class SimDriver(Driver):
         Like loading a module on a GPU (cuModuleLoadData), this first waits for the device to go idle, so that
         a test which first uses a kernel behind a `sleep` sees the same delay on both backends."""
         for s in self._device_streams(device):
-            s.wait()
+            s.drain()
         tail = list(constexprs)
 
         def launch(gx, gy, gz, stream, *args):

@@ -8,6 +8,7 @@ import threading
 from ..backends import active_driver
 from ..base.device import CPU, device as _device_type
 from ..base.errors import CudaError
+from . import capturing
 from .device_errors import raise_pending
 
 _DEVICES = []  # one canonical mt.device("cuda", i) per device
@@ -111,6 +112,7 @@ class device:
 def synchronize(device=None):
     """Wait for every stream of the device, then raise what its kernels recorded (device_errors.py)."""
     index = index_of(device)
+    capturing.refuse("synchronize()", device=index)
     active_driver().synchronize(index)
     raise_pending(index)
 

@@ -41,6 +41,14 @@ def allocator(index):
     return a
 
 
+def pool_allocator(index, what):
+    """The allocator of device `index` where `what` needs private pools, which only the caching one has."""
+    a = allocator(index)
+    if isinstance(a, UncachedAllocator):
+        raise RuntimeError(f"{what} needs the caching allocator, and MINITENSOR_NO_CACHING=1 turns it off")
+    return a
+
+
 def _no_caching():
     """MINITENSOR_NO_CACHING as torch reads its boolean flags: 1 or 0, anything else warns and counts as 0."""
     value = os.environ.get("MINITENSOR_NO_CACHING", "0")

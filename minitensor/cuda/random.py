@@ -6,7 +6,7 @@ backend (the sampling is in minitensor/ops/random.py and kernels/random.py).
 """
 import threading
 
-from .devices import current_device
+from .devices import current_device, device_count
 
 DEFAULT_SEED = 67280421310721
 _INT64_MIN = -(2**63)
@@ -47,6 +47,21 @@ def generator(index):
     if g is None:
         g = _generators.setdefault(index, Philox(_seed))
     return g
+
+
+class _DefaultGenerators:
+    """`mt.cuda.default_generators[i]`: device i's generator (made on first use), as torch's tuple."""
+
+    def __getitem__(self, index):
+        if not isinstance(index, int) or not 0 <= index < device_count():
+            raise IndexError(f"default_generators index {index!r} out of range for {device_count()} device(s)")
+        return generator(index)
+
+    def __len__(self):
+        return device_count()
+
+
+default_generators = _DefaultGenerators()
 
 
 def manual_seed(seed):

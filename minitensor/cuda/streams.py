@@ -9,6 +9,7 @@ import threading
 
 from ..backends import active_driver
 from ..base.arguments import int_arg
+from . import capturing
 from .device_errors import raise_pending
 from .devices import cuda_device, current_device, index_of, set_device
 
@@ -96,16 +97,28 @@ class Stream:
 
     def query(self):
         """True when all work queued on the stream has completed."""
+        capturing.refuse("Stream.query()", self.cuda_stream)
         return self._on_device(_driver().stream_query, self.cuda_stream)
 
     def synchronize(self):
+        capturing.refuse("Stream.synchronize()", self.cuda_stream)
         self._on_device(_driver().stream_synchronize, self.cuda_stream)
         raise_pending(self.device.index)
 
     def wait_event(self, event):
-        """Make future work on this stream wait for the event's last record."""
-        if _checked_event(event, "wait_event(): argument 'event'")._handle is not None:
-            self._on_device(_driver().stream_wait_event, self.cuda_stream, event._handle)
+        """Make future work on this stream wait for the event's last record. Waiting for an event recorded in a
+        capture underway joins the capture (its work is captured from now on, and must be waited for by the
+        capturing stream before the capture ends); a capturing stream waits for nothing outside its capture."""
+        if _checked_event(event, "wait_event(): argument 'event'")._handle is None:
+            return
+        capture = event._capture if event._capture is not None and event._capture.active else None
+        mine = capturing.by_stream.get(self.cuda_stream) if capturing.by_stream else None
+        if mine is not None and capture is not mine:
+            raise RuntimeError(f"stream {self.cuda_stream:#x} captures a CUDA graph and cannot wait for work outside "
+                               "its capture (an event recorded before the capture or on another capture's stream)")
+        self._on_device(_driver().stream_wait_event, self.cuda_stream, event._handle)
+        if capture is not None and mine is None:
+            capturing.join(capture, self.cuda_stream)
 
     def wait_stream(self, stream):
         self.wait_event(checked_stream(stream, "wait_stream(): argument 'stream'").record_event())
@@ -200,7 +213,7 @@ class stream:
 class Event:
     """A marker in a stream. Created on the driver at its first record, on the recording stream's device."""
 
-    __slots__ = ("enable_timing", "blocking", "_handle", "_device", "event_id", "__weakref__")
+    __slots__ = ("enable_timing", "blocking", "_handle", "_device", "event_id", "_capture", "__weakref__")
 
     def __init__(self, enable_timing=False, blocking=False, interprocess=False):
         if interprocess:
@@ -210,7 +223,7 @@ class Event:
         self._handle = None
         self._device = None
         self.event_id = 0
-
+        self._capture = None  # the capture of its last record, if recorded on a capturing stream
     def record(self, stream=None):
         stream = current_stream() if stream is None else checked_stream(stream, "record(): argument 'stream'")
         if self._handle is None:
@@ -222,12 +235,19 @@ class Event:
             raise RuntimeError(f"Event device {self._device} does not match recording stream's device "
                                f"{stream.device}")
         stream._on_device(_driver().event_record, self._handle, stream.cuda_stream)
+        self._capture = capturing.by_stream.get(stream.cuda_stream) if capturing.by_stream else None
 
     def query(self):
-        return self._handle is None or _driver().event_query(self._handle)
+        if self._handle is None:
+            return True
+        capturing.refuse_captured_event("Event.query()", self._capture)
+        capturing.refuse("Event.query()")
+        return _driver().event_query(self._handle)
 
     def synchronize(self):
         if self._handle is not None:
+            capturing.refuse_captured_event("Event.synchronize()", self._capture)
+            capturing.refuse("Event.synchronize()")
             _driver().event_synchronize(self._handle)
             raise_pending(self._device.index)
 

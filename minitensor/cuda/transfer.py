@@ -14,7 +14,7 @@
 import threading
 
 from ..backends import active_driver
-from . import host_memory, staging
+from . import capturing, host_memory, staging
 from .device_errors import raise_pending
 from .streams import current_stream_handle
 
@@ -41,6 +41,7 @@ def _host_and_device(dst, src, nbytes, index, staged, asynchronous, pinned, bloc
         driver.set_device(index)
     try:
         stream = current_stream_handle(index)
+        capturing.refuse("a copy between host and cuda memory", stream)
         if pinned:
             driver.memcpy_async(dst, src, nbytes, stream)
             if asynchronous and block is not None:  # host_register'd memory is the caller's to keep alive
@@ -61,6 +62,8 @@ def _between_devices(dst, d, src, s, nbytes):
     """Ordered on both devices' current streams."""
     driver = active_driver()
     src_stream, dst_stream = current_stream_handle(s), current_stream_handle(d)
+    capturing.refuse("a copy between two cuda devices", src_stream)
+    capturing.refuse("a copy between two cuda devices", dst_stream)
     previous = driver.current_device()
     try:
         if _peer(driver, s, d):

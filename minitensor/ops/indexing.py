@@ -25,7 +25,7 @@ from ..core.fields import allocate
 from ..core.host_arrays import numpy_view
 from ..core.layout import layout_number, layout_of
 from ..core.shapes import OVERLAP, contiguous_strides, normalize_dim, overlaps_itself
-from ..cuda import memory
+from ..cuda import capturing, memory
 from ..cuda.device_errors import GATHER, INDEX_SELECT, info_word, message, thread_records
 from ..cuda.streams import Stream, _tls as _streams_tls, current_stream_handle
 from .runs import kernels
@@ -188,7 +188,7 @@ def _cuda_run(op, input, index, dim, out_shape, kernel_shape, index_strides, bas
         plan_run(stream, input._storage._block.ptr + input._offset * in_size,
                  index._storage._block.ptr + index._offset * index_size, storage._block.ptr,
                  records.addresses[d])
-        if wait:
+        if wait and stream not in capturing.by_stream:  # a captured kernel runs at replay
             _raise_now(d, stream)
         return new_tensor(storage, out_shape, out_strides, 0, dtype, out_layout)
     if wait or plan.fast is None:

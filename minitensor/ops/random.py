@@ -33,7 +33,7 @@ from ..core.fields import allocate
 from ..core.host_arrays import numpy_values, numpy_view, to_storage_values
 from ..core.layout import layout_number, layout_of
 from ..core.shapes import OVERLAP, contiguous_strides, is_contiguous, new_shape, overlaps_itself
-from ..cuda import memory
+from ..cuda import capturing, graphs, memory
 from ..cuda.devices import as_device, current_device
 from ..cuda.random import DEFAULT_SEED, check_seed, generator as cuda_generator, manual_seed_all
 from ..cuda.streams import current_stream_handle
@@ -111,8 +111,13 @@ def _real(x, name):
     return float(x)
 
 
+def _plan_of(name, *leading):
+    """plan_of(n, index, captured) for _filler: kernels/random_plans.<name>(*leading, n, index, captured)."""
+    return lambda n, index, captured=False: getattr(kernels().random_plans, name)(*leading, n, index, captured)
+
+
 def _filler(like, plan_of, cpu_values):
-    """fill(t, s0, s1) for tensors laid out as `like`: a kernel launch (`plan_of(n, device_index)`) on cuda,
+    """fill(t, s0, s1) for tensors laid out as `like`: a kernel launch (`plan_of(n, device_index, captured)`) on cuda,
     `cpu_values(generator, n, s0, s1)` (host values in row-major order) on the CPU. Layouts other than
     contiguous go through a contiguous temporary, so they get the numbers a contiguous tensor would."""
     shape, dtype, device = like.shape, like.dtype, like.device
@@ -129,13 +134,19 @@ def _filler(like, plan_of, cpu_values):
     plan = plan_of(n, index)
     counters, launch, g = plan.counters, plan.run, cuda_generator(index)
     acquire, release = g.lock.acquire, g.lock.release
+    by_stream = capturing.by_stream
 
     def fill(t, s0, s1):
+        stream = current_stream_handle(index)
+        if by_stream and stream in by_stream:  # in a CUDA graph: counters from the graph's state, per replay
+            state, offset = graphs.rng_counters(by_stream[stream], g, counters)
+            return plan_of(n, index, True).run(stream, t._storage._block.ptr + t._offset * itemsize, state, offset,
+                                               s0, s1)
         acquire()
         offset = g.offset
         g.offset = offset + counters
         release()
-        launch(current_stream_handle(index), t._storage._block.ptr + t._offset * itemsize, g.key, offset, s0, s1)
+        launch(stream, t._storage._block.ptr + t._offset * itemsize, g.key, offset, s0, s1)
     if like.contiguous:
         return fill
 
@@ -212,7 +223,7 @@ def _uniform_run(like):
         v = _rounded((g.random(n, dtype=np_type) * (high - low) + low).astype(np_type), dtype)
         v[v == high] = low
         return to_storage_values(v, dtype)
-    fill = _filler(like, lambda n, index: kernels().random_plans.uniform_plan(dtype, n, index), values)
+    fill = _filler(like, _plan_of("uniform_plan", dtype), values)
 
     def run(t, a=0.0, b=1.0):
         low = a if type(a) is float else _real(a, "from")
@@ -260,7 +271,7 @@ def _normal_run(like):
 
     def values(g, n, mean, std):
         return to_storage_values(g.standard_normal(n, dtype=np_type) * np_type(std) + np_type(mean), dtype)
-    fill = _filler(like, lambda n, index: kernels().random_plans.normal_plan(dtype, n, index), values)
+    fill = _filler(like, _plan_of("normal_plan", dtype), values)
 
     def run(t, mean=0.0, std=1.0):
         mean = mean if type(mean) is float else _real(mean, "mean")
@@ -287,7 +298,7 @@ def bernoulli_(t, p=0.5):
 
 def _bernoulli_run(like):
     dtype = like.dtype
-    fill = _filler(like, lambda n, index: kernels().random_plans.bernoulli_plan(None, dtype, n, index),
+    fill = _filler(like, _plan_of("bernoulli_plan", None, dtype),
                    lambda g, n, p, _: to_storage_values(g.random(n) < p, dtype))
 
     def run(t, p=0.5, _=None):
@@ -314,7 +325,7 @@ def _bernoulli_tensor_run(like):
                     raise NotImplementedError(f"\"bernoulli_tensor_cpu_p_\" not implemented for '{name}'")
                 raise RuntimeError(f"expected probabilities tensor to have floating type, got {name}")
             fills[p_dtype] = _filler(
-                like, lambda n, index: kernels().random_plans.bernoulli_plan(p_dtype, dtype, n, index),
+                like, _plan_of("bernoulli_plan", p_dtype, dtype),
                 lambda g, n, p, _: to_storage_values(g.random(n) < p, dtype))
         return fills[p_dtype]
 
@@ -322,7 +333,9 @@ def _bernoulli_tensor_run(like):
         fill = fill_for(p.dtype)
         if p.device != device:
             p = p.to(device)
-        if not ((p >= 0) & (p <= 1)).all().item():
+        # the check waits for p's values: not in a CUDA graph, whose replays read p as it is then
+        captured = device.type == "cuda" and current_stream_handle(device.index) in capturing.by_stream
+        if not captured and not ((p >= 0) & (p <= 1)).all().item():
             raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
         if p._shape != shape or not p.is_contiguous():
             p = p.expand(shape)
@@ -368,7 +381,7 @@ def _random_run(like):
     def fill(mode):
         if mode not in fills:
             fills[mode] = _filler(
-                like, lambda n, index: kernels().random_plans.integers_plan(mode, dtype, n, index), values)
+                like, _plan_of("integers_plan", mode, dtype), values)
         return fills[mode]
 
     def check(value, what):
