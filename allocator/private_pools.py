@@ -78,17 +78,15 @@ class PrivatePools:
             pool = self._pools.get(pool_id)
             if pool is None or pool.use_count <= 0:
                 raise RuntimeError(f"minitensor allocator: pool {pool_id} is not in use")
+            if pool.use_count == 1 and any(route[0] is pool for route in self._routes):
+                raise RuntimeError(f"minitensor allocator: pool {pool_id} is released while allocations are "
+                                   "still routed to it (end_allocate_to_pool first)")
             pool.use_count -= 1
 
     def pool_use_count(self, pool_id):
         """The users of the pool, 0 when it is freeable or gone."""
         pool = self._pools.get(pool_id)
         return 0 if pool is None else pool.use_count
-
-    def pool_ids(self):
-        """The ids of the pools that exist (in use, or freeable with segments still held)."""
-        with self._lock:
-            return list(self._pools)
 
     def _use_pool(self, pool_id):
         pool = self._pools.get(pool_id)
@@ -128,13 +126,7 @@ class PrivatePools:
                 del self._pools[pool_id]
 
     def private_bytes(self):
-        """Bytes of segments that private pools hold (lock held)."""
-        return sum(block.size for first in self._segments.values() if first.free_list.pool is not None
-                   for block in _segment_blocks(first))
-
-
-def _segment_blocks(first):
-    block = first
-    while block is not None:
-        yield block
-        block = block.next
+        """Bytes cached free in private pools, which the out-of-memory ladder cannot free (torch's message
+        counts the same; lock held)."""
+        return sum(block.size for pools in (self._small, self._large) for free_list in pools.values()
+                   if free_list.pool is not None for block in free_list.blocks())
