@@ -28,12 +28,13 @@ import threading
 from minitensor.base.errors import OutOfMemoryError
 
 from .block import ALLOCATED, FREE, NULL, PENDING, QUEUED, Block, FreeList
+from .history import FREE_COMPLETED
 from .private_pools import PrivatePools
 from .reuse import QueuedFrees
 from .segments import Segments
 from .settings import Settings
 from .sizes import MIN_BLOCK, ONE_EB, OVERSIZE_SLACK, SMALL_SIZE, round_size
-from .snapshot import segment_dict
+from .snapshot import Snapshots
 from .stats import DeviceStats
 from .stats_reset import StatsReset
 from .stream_events import StreamEvents
@@ -41,10 +42,10 @@ from .stream_events import StreamEvents
 _UNLIMITED = 1 << 64  # max_split_size when none is set: no block reaches it
 
 
-class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, StatsReset):
-    """The caching allocator of one device. Its queued frees (reuse.py), its segments (segments.py) and its
-    private pools (private_pools.py) are mixins rather than objects of their own: they share its state, and
-    the hot path reads it inline."""
+class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, Snapshots, StatsReset):
+    """The caching allocator of one device. Its queued frees (reuse.py), its segments (segments.py), its
+    private pools (private_pools.py) and its snapshots and history (snapshot.py) are mixins rather than objects
+    of their own: they share its state, and the hot path reads it inline."""
 
     def __init__(self, driver, device, settings=None):
         self.driver = driver
@@ -56,6 +57,9 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, StatsReset):
         self._routes = []  # open routes of allocations to private pools: [pool, matches(stream), is_capture]
         self._capturing = 0  # how many of them are captures
         self._deferred = []  # blocks freed during a capture, their record_stream events not yet recorded
+        self._history = None  # the memory history being recorded (history.py), or None
+        # called as oom_observer(segments, trace entries), lock held, before an OutOfMemoryError is raised
+        self.oom_observer = None
         self._segments = {}  # segment address -> its first block
         self._events = StreamEvents(driver, self._events_done, per_stream=True)
         self._queued_events = self._events.queues  # empty unless an event pends: tested inline on the hot path
@@ -113,8 +117,12 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, StatsReset):
                         freed.popleft()
                         self._repeats += 1
                         victim.state = ALLOCATED
+                        if self._history is not None:
+                            self._history.alloc(victim, None)
                         return victim
                     if self._take_victim(victim, size, nbytes):
+                        if self._history is not None:
+                            self._history.alloc(victim, None)
                         return victim
                 self._settle()
             elif self._repeat_victim is not None:
@@ -131,6 +139,8 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, StatsReset):
                             p.inactive_split -= 1
                             p.inactive_split_bytes -= size
                         self._count_taken(block, nbytes)
+                        if self._history is not None:
+                            self._history.alloc(block, None)
                         return block
             return self._alloc(nbytes, stream)
         finally:
@@ -140,6 +150,8 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, StatsReset):
         """Give a block back: cached at once, or once the streams it was recorded on are done with it."""
         if block.state == ALLOCATED and block.stream_uses is None and self._plain:
             block.state = QUEUED  # not FREE: no other block merges with it before its free completes
+            if self._history is not None:
+                self._history.free(block, _pool_id(block.free_list), True)
             self._freed.append(block)  # thread-safe without the lock; completed under it by the next call
             return
         with self._lock:
@@ -148,6 +160,8 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, StatsReset):
                     return
                 raise RuntimeError(f"minitensor allocator: {block!r} freed twice")
             self._settle()
+            if self._history is not None:  # completed now, or when its streams' events have (_events_done)
+                self._history.free(block, _pool_id(block.free_list), not block.stream_uses)
             self._free(block)
 
     def record_stream(self, block, stream):
@@ -187,12 +201,6 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, StatsReset):
         with self._lock:
             return getattr(self.stats.all, stat + "_peak")
 
-    def snapshot(self):
-        """Every segment, by address, as torch's memory_snapshot() describes it (see snapshot.py)."""
-        with self._lock:
-            self._settle()
-            return [segment_dict(self.device, self._segments[ptr]) for ptr in sorted(self._segments)]
-
     def set_memory_fraction(self, fraction, total):
         """Limit the segments to `fraction` of `total` device bytes (checked before asking the driver)."""
         with self._lock:
@@ -224,6 +232,8 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, StatsReset):
             p.inactive_split -= 1
             p.inactive_split_bytes -= block.size
         self._count_taken(block, nbytes)
+        if self._history is not None:
+            self._history.alloc(block, _pool_id(free_list))
         return block
 
     def _free_list(self, small, stream, pool=None):
@@ -404,4 +414,11 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, StatsReset):
         p = block.free_list.stats
         p.pending -= 1
         p.pending_bytes -= block.size
+        if self._history is not None:
+            self._history.event(FREE_COMPLETED, block.ptr, block.size, block.stream, _pool_id(block.free_list))
         self._cache(block, p)
+
+
+def _pool_id(free_list):
+    """The pool id a history entry names: None for the general cache."""
+    return None if free_list.pool is None else free_list.pool.id

@@ -31,6 +31,7 @@ import weakref
 
 import numpy as np
 
+from .history import FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SNAPSHOT
 from .host_stats import HostStats
 from .settings import Settings
 from .stats_reset import StatsReset
@@ -45,6 +46,7 @@ class HostBlock:
     """`size` bytes of pinned host memory at `ptr`."""
 
     __slots__ = ("ptr", "size", "mapping", "stream_uses", "events", "event_count", "array")
+    stream = 0  # what a memory-history entry names as its stream: a pinned block belongs to none
 
     def __init__(self, ptr, size, mapping):
         self.ptr = ptr
@@ -69,11 +71,12 @@ class HostCachingAllocator(StatsReset):
         self._lock = threading.Lock()
         self._bins = {}  # size -> cached blocks, the last freed at the end
         self._freed = collections.deque()  # blocks freed, their frees not yet completed under the lock
-        self._events = StreamEvents(driver, self._cache, per_stream=False)
+        self._events = StreamEvents(driver, self._events_done, per_stream=False)
         self._queued_events = self._events.queues  # empty unless an event pends: tested inline on the hot path
         self._pool = None  # threads that touch the pages of memory to register, started as needed
         self._thread = None  # the background event thread, while pinned_use_background_threads is on
         self._wake = threading.Event()
+        self._history = None  # the memory history being recorded (history.py), or None
         self.configure(Settings() if settings is None else settings)
 
     def configure(self, settings):
@@ -111,6 +114,8 @@ class HostCachingAllocator(StatsReset):
                     stats.active_requests.freed += 1
                     stats.active_bytes.allocated += size
                     stats.active_bytes.freed += size
+                    if self._history is not None:
+                        self._history.alloc(block, None)
                     return block
                 self._settle()
             if self._queued_events and self._thread is None:
@@ -119,6 +124,8 @@ class HostCachingAllocator(StatsReset):
             if bin_:
                 block = bin_.pop()
                 self._count_taken(size)
+                if self._history is not None:
+                    self._history.alloc(block, None)
                 return block
         finally:
             lock.release()
@@ -130,6 +137,9 @@ class HostCachingAllocator(StatsReset):
             stats.num_host_alloc += 1
             stats.host_alloc_time.add(us)
             self._count_taken(size)
+            if self._history is not None:
+                self._history.event(SEGMENT_ALLOC, block.ptr, size, 0, None)
+                self._history.alloc(block, None)
         return block
 
     def free(self, block):
@@ -146,6 +156,8 @@ class HostCachingAllocator(StatsReset):
             return
         if block.stream_uses:
             self._events.record(block)
+        if self._history is not None:  # completed now, or when its streams' events have (_events_done)
+            self._history.free(block, None, not block.events)
         self._freed.append(block)  # thread-safe without the lock
         if block.events and self._thread is not None:
             self._wake.set()
@@ -172,6 +184,8 @@ class HostCachingAllocator(StatsReset):
             self._release(block)
             us = (time.perf_counter() - start) * 1e6
             with self._lock:
+                if self._history is not None:
+                    self._history.event(SEGMENT_FREE, block.ptr, block.size, 0, None)
                 stats = self.stats
                 stats.allocations.decrease(1)
                 stats.allocated_bytes.decrease(block.size)
@@ -182,6 +196,20 @@ class HostCachingAllocator(StatsReset):
         with self._lock:
             self._settle()
             return self.stats.as_dict()
+
+    def record_history(self, history):
+        """Start recording into a history.History, or stop with None."""
+        with self._lock:
+            self._settle()
+            self._history = history
+
+    def history_entries(self):
+        """The recorded trace as torch's dicts, ending with a "snapshot" entry; [] when not recording."""
+        with self._lock:
+            if self._history is None:
+                return []
+            self._history.event(SNAPSHOT, 0, 0, 0, None)
+            return self._history.entries({})
 
     # ------------------------------------------------------------------ under the lock
     def _count_taken(self, size):
@@ -198,6 +226,12 @@ class HostCachingAllocator(StatsReset):
                 self._events.queue(block)
             else:
                 self._cache(block)
+
+    def _events_done(self, block):
+        """A freed block whose streams' events have all completed (stream_events.py): cache it."""
+        if self._history is not None:
+            self._history.event(FREE_COMPLETED, block.ptr, block.size, 0, None)
+        self._cache(block)
 
     def _cache(self, block):
         bin_ = self._bins.get(block.size)

@@ -8,6 +8,7 @@ cached block and retry (num_alloc_retries), then OutOfMemoryError (num_ooms).
 from minitensor.base.errors import OutOfMemoryError
 
 from .block import Block
+from .history import OOM, SEGMENT_ALLOC, SEGMENT_FREE
 from .sizes import format_size, segment_size
 
 
@@ -36,7 +37,9 @@ class Segments:
             block = self._new_segment(free_list, alloc_size)
         if block is None:
             self.stats.num_ooms += 1
-            raise OutOfMemoryError(self._oom_message(alloc_size))
+            message = self._oom_message(alloc_size)  # before the observer, which may take a while
+            self._observe_oom(alloc_size, free_list.stream)
+            raise OutOfMemoryError(message)
         return block
 
     def _new_segment(self, free_list, alloc_size):
@@ -64,7 +67,18 @@ class Segments:
         stats.num_device_alloc += 1
         if alloc_size >= self._max_split:
             stats.oversize_segments.up()
+        if self._history is not None:
+            self._history.event(SEGMENT_ALLOC, ptr, alloc_size, free_list.stream,
+                                None if free_list.pool is None else free_list.pool.id)
         return block
+
+    def _observe_oom(self, alloc_size, stream):
+        """Before an OutOfMemoryError: the history's "oom" entry, then the observer (the snapshot at the OOM)."""
+        if self._history is not None:
+            self._history.event(OOM, 0, alloc_size, stream, None, self.driver.mem_get_info(self.device)[0])
+        if self.oom_observer is not None:
+            memo = {}
+            self.oom_observer(self._segment_dicts(memo), self._history.entries(memo) if self._history else [])
 
     def _oom_message(self, alloc_size):
         free, total = self.driver.mem_get_info(self.device)
@@ -138,6 +152,9 @@ class Segments:
         stats = self.stats
         block.free_list.remove(block)
         self.driver.free(self.device, block.ptr)
+        if self._history is not None:
+            pool = block.free_list.pool
+            self._history.event(SEGMENT_FREE, block.ptr, block.size, block.stream, None if pool is None else pool.id)
         del self._segments[block.ptr]
         if block.free_list.pool is not None:
             block.free_list.pool.segments -= 1

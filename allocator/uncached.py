@@ -23,8 +23,12 @@ class UncachedAllocator(DeviceCachingAllocator):
             block = self._new_segment(self._free_list(small, stream), nbytes)
             if block is None:
                 self.stats.num_ooms += 1
-                raise OutOfMemoryError(self._oom_message(nbytes))
+                message = self._oom_message(nbytes)
+                self._observe_oom(nbytes, stream)
+                raise OutOfMemoryError(message)
             self._count_taken(block, nbytes)
+            if self._history is not None:
+                self._history.alloc(block, None)
             return block
 
     def free(self, block):
@@ -33,6 +37,8 @@ class UncachedAllocator(DeviceCachingAllocator):
                 if block.state == NULL:
                     return
                 raise RuntimeError(f"minitensor allocator: {block!r} freed twice")
+            if self._history is not None:
+                self._history.free(block, None, True)
             p = block.free_list.stats
             p.allocation -= 1
             p.allocated_bytes -= block.size

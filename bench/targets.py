@@ -74,6 +74,13 @@ def _replay_allocations(key):
     return measure
 
 
+def _history_ratio(key, setting="minitensor"):
+    """A setting's host time with memory history on over its time with history off (bench/history.py)."""
+    def measure(rows):
+        return rows[key].get("history_ratio", {}).get(setting) if key in rows else None
+    return measure
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -150,6 +157,12 @@ TARGETS = [
            _mt_over_torch("graph.capture"), lambda v: v <= 1.0, "{:.2f}x torch time"),
     Target("graph replays allocate nothing", "graph.replay_alloc", "0 allocations",
            _replay_allocations("graph.replay_alloc"), lambda v: v == 0, "{:.0f} allocations"),
+    Target("empty(4096) + del, history on / off", "history.empty_del", "<= 1.5x history off",
+           _history_ratio("history.empty_del"), lambda v: v <= 1.5, "{:.2f}x history off"),
+    Target("_snapshot(), 10,000 live blocks", "history.snapshot", "<= 200 ms",
+           _value("history.snapshot"), lambda v: v <= 200, "{:.1f} ms", gpu_only=True),
+    Target("_dump_snapshot(), 10,000 live blocks", "history.dump", "<= 500 ms",
+           _value("history.dump"), lambda v: v <= 500, "{:.1f} ms", gpu_only=True),
     *(Target(f"peak reserved: {t.name}", t.key, "<= torch's", _peak_vs_torch(t.key), lambda v: v <= 1.0,
              "{:.3f}x torch's") for t in TRACES),
 ]

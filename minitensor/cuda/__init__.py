@@ -10,8 +10,8 @@ from .host_memory import (host_empty_cache, host_memory_stats, host_register, ho
                           reset_accumulated_host_memory_stats, reset_peak_host_memory_stats)
 from .memory import (caching_allocator_alloc, caching_allocator_delete, empty_cache, get_per_process_memory_fraction,
                      max_memory_allocated, max_memory_reserved, memory_allocated, memory_reserved, memory_snapshot,
-                     memory_stats, reset_accumulated_memory_stats, reset_peak_memory_stats, set_allocator_settings,
-                     set_per_process_memory_fraction)
+                     memory_stats, record_memory_history, reset_accumulated_memory_stats, reset_peak_memory_stats,
+                     set_allocator_settings, set_oom_snapshot, set_per_process_memory_fraction)
 from .graphs import CUDAGraph, graph, graph_pool_handle, is_current_stream_capturing, make_graphed_callables
 from .mempool import MemPool, use_mem_pool
 from .random import default_generators, initial_seed, manual_seed, manual_seed_all

@@ -4,11 +4,15 @@ functions over it.
 `MINITENSOR_NO_CACHING=1` sends every request straight to the driver; `MINITENSOR_ALLOC_CONF` and
 `set_allocator_settings` take torch's allocator settings string.
 """
+import dataclasses
 import os
+import pickle
+import sys
 import threading
 import warnings
 
-from ..allocator import DeviceCachingAllocator, UncachedAllocator, settings as allocator_settings
+from ..allocator import DeviceCachingAllocator, UncachedAllocator, history as allocator_history, \
+    settings as allocator_settings
 from ..backends import active_driver
 from . import host_memory
 from .devices import device as device_context, index_of, mem_get_info
@@ -16,8 +20,8 @@ from .streams import current_stream_handle
 
 __all__ = ["caching_allocator_alloc", "caching_allocator_delete", "empty_cache", "get_per_process_memory_fraction",
            "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
-           "memory_snapshot", "memory_stats", "reset_accumulated_memory_stats", "reset_peak_memory_stats",
-           "set_allocator_settings", "set_per_process_memory_fraction"]
+           "memory_snapshot", "memory_stats", "record_memory_history", "reset_accumulated_memory_stats",
+           "reset_peak_memory_stats", "set_allocator_settings", "set_oom_snapshot", "set_per_process_memory_fraction"]
 
 _allocators = {}
 _lock = threading.Lock()
@@ -35,7 +39,11 @@ def allocator(index):
             if a is None:
                 cls = UncachedAllocator if _no_caching() else DeviceCachingAllocator
                 driver = active_driver()
-                a = _allocators[index] = cls(driver, index, _checked(allocator_settings.current()))
+                a = cls(driver, index, _checked(allocator_settings.current()))
+                if _history_options is not None:
+                    a.record_history(allocator_history.History(*_history_options))
+                a.oom_observer = _oom_observer(index)
+                _allocators[index] = a
                 if driver.device_count() == 1:
                     _only = a
     return a
@@ -173,3 +181,103 @@ def _checked(settings):
         warnings.warn("expandable_segments:True is not supported by minitensor (the driver interface has no "
                       "virtual memory mapping); segments keep their size", RuntimeWarning, stacklevel=3)
     return settings
+
+
+# ---------------------------------------------------------------------------- memory history (allocator/history.py)
+_history_options = None  # (enabled, context, max_entries) while recording: also for allocators made later
+_oom_snapshot = os.environ.get("MINITENSOR_OOM_SNAPSHOT") or None  # where an out-of-memory error dumps a snapshot
+
+
+def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize, device=None,
+                           clear_history=False):
+    """Record the history of every device allocator and of the pinned host allocator, as
+    torch.cuda.memory._record_memory_history (with record_pinned_host_memory): `enabled` "all"
+    (a trace of actions, at most `max_entries`, the oldest dropped), "state" (only the stacks of live
+    allocations) or None (stop); `context` which stacks ("all", "alloc", "state", None); `stacks` "python" or
+    "all" (minitensor's stacks are Python's). A new call keeps what was recorded unless `clear_history`."""
+    global _history_options
+    if isinstance(enabled, bool):  # torch's legacy signature: a flag first
+        enabled = "all" if enabled else None
+    if stacks not in allocator_history.STACKS:
+        raise ValueError(f"stacks must be one of {allocator_history.STACKS}, got {stacks!r}")
+    options = None if enabled is None else (enabled, context, max_entries)
+    if options is not None:
+        allocator_history.History(*options)  # checks the arguments before anything changes
+    with _lock:
+        _history_options = options
+        for a in [*_allocators.values(), host_memory.allocator()]:
+            a.record_history(None if options is None else _continued(a, options, clear_history))
+
+
+record_memory_history = _record_memory_history
+
+
+def _continued(a, options, clear_history):
+    """A new History for allocator `a`, holding its current one's trace unless `clear_history`, and the stacks
+    of the blocks still allocated."""
+    new, old = allocator_history.History(*options), a._history
+    if old is not None:
+        if new.trace is not None and old.trace is not None and not clear_history:
+            new.trace.extend(old.trace)
+        if new.live is not None and old.live is not None:  # the stacks of blocks still allocated
+            new.live.update(old.live)
+    return new
+
+
+def _snapshot(device=None):
+    """torch's snapshot dict: "segments" (memory_snapshot()'s, blocks with the frames of their allocation),
+    "device_traces" (one list of history entries per device, each ending with a "snapshot" entry),
+    "allocator_settings", and "host_traces" (the pinned host allocator's entries) while recording."""
+    index = None if device is None else index_of(device)
+    segments, traces = [], [[] for _ in range(active_driver().device_count())]
+    for i in sorted(_allocators):
+        if index is None or i == index:
+            segments_i, traces[i] = _allocators[i].history_snapshot()
+            segments += segments_i
+    snapshot = _snapshot_dict(segments, traces)
+    if _history_options is not None:
+        snapshot["host_traces"] = host_memory.allocator().history_entries()
+    return snapshot
+
+
+def _snapshot_dict(segments, traces):
+    settings = {key: list(value) if isinstance(value, tuple) else value
+                for key, value in dataclasses.asdict(allocator_settings.current()).items()}
+    return {"segments": segments, "device_traces": traces, "allocator_settings": settings}
+
+
+def _dump_snapshot(filename="dump_snapshot.pickle"):
+    """Pickle `_snapshot()` to `filename` with protocol 4, which torch's viewers read."""
+    _write_pickle(_snapshot(), filename)
+
+
+def _write_pickle(data, filename):
+    """Write through a temporary file, so a failed dump leaves no half file under the name."""
+    temporary = f"{filename}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "wb") as f:
+            pickle.dump(data, f, protocol=4)
+        os.replace(temporary, filename)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def set_oom_snapshot(path):
+    """Dump the snapshot of the device that runs out of memory to `path` (None: don't), at the moment of the
+    error; MINITENSOR_OOM_SNAPSHOT=path sets it at start."""
+    global _oom_snapshot
+    _oom_snapshot = None if path is None else os.fspath(path)
+
+
+def _oom_observer(index):
+    def observe(segments, trace):
+        if _oom_snapshot is not None:
+            traces = [[] for _ in range(active_driver().device_count())]
+            traces[index] = trace
+            try:
+                _write_pickle(_snapshot_dict(segments, traces), _oom_snapshot)
+            except OSError as e:
+                warnings.warn(f"minitensor: could not write the out-of-memory snapshot to {_oom_snapshot!r}: {e}",
+                              RuntimeWarning, stacklevel=2)
+    return observe
