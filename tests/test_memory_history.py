@@ -881,3 +881,17 @@ def test_threads_allocating_with_history_keep_a_consistent_trace():
     assert all(e["addr"] in allocs for e in trace(snap) if e["action"] == "free_requested")
     assert sum(1 for e in trace(snap) if e["action"] == "alloc") == sum(
         1 for e in trace(snap) if e["action"] == "free_completed")
+
+
+def test_example_script_writes_a_snapshot_and_a_page(tmp_path):
+    """examples/memory_history.py, the sample the docs point to: its pickle holds the workload's trace and its
+    page carries the data inline."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                          "memory_history.py")
+    subprocess.run([sys.executable, script, str(tmp_path)], check=True, capture_output=True, timeout=600)
+    with open(tmp_path / "snapshot.pickle", "rb") as f:
+        snapshot = pickle.load(f)
+    actions = {e["action"] for e in snapshot["device_traces"][0]}
+    assert {"alloc", "free_requested", "free_completed", "segment_alloc"} <= actions
+    page = (tmp_path / "memory.html").read_text()
+    assert "<script" in page and "http://" not in page and "https://" not in page
