@@ -69,6 +69,11 @@ class FreeList:
         self.bins = {}
         self.version = 0
 
+    @property
+    def pool_id(self):
+        """The private pool's id, as memory-history entries name it; None for the general cache."""
+        return None if self.pool is None else self.pool.id
+
     def add(self, block):
         self.version += 1
         size = block.size

@@ -151,7 +151,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, Snapshots, Sta
         if block.state == ALLOCATED and block.stream_uses is None and self._plain:
             block.state = QUEUED  # not FREE: no other block merges with it before its free completes
             if self._history is not None:
-                self._history.free(block, _pool_id(block.free_list), True)
+                self._history.free(block, block.free_list.pool_id, True)
             self._freed.append(block)  # thread-safe without the lock; completed under it by the next call
             return
         with self._lock:
@@ -161,7 +161,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, Snapshots, Sta
                 raise RuntimeError(f"minitensor allocator: {block!r} freed twice")
             self._settle()
             if self._history is not None:  # completed now, or when its streams' events have (_events_done)
-                self._history.free(block, _pool_id(block.free_list), not block.stream_uses)
+                self._history.free(block, block.free_list.pool_id, not block.stream_uses)
             self._free(block)
 
     def record_stream(self, block, stream):
@@ -233,7 +233,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, Snapshots, Sta
             p.inactive_split_bytes -= block.size
         self._count_taken(block, nbytes)
         if self._history is not None:
-            self._history.alloc(block, _pool_id(free_list))
+            self._history.alloc(block, free_list.pool_id)
         return block
 
     def _free_list(self, small, stream, pool=None):
@@ -415,10 +415,5 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, Snapshots, Sta
         p.pending -= 1
         p.pending_bytes -= block.size
         if self._history is not None:
-            self._history.event(FREE_COMPLETED, block.ptr, block.size, block.stream, _pool_id(block.free_list))
+            self._history.event(FREE_COMPLETED, block.ptr, block.size, block.stream, block.free_list.pool_id)
         self._cache(block, p)
-
-
-def _pool_id(free_list):
-    """The pool id a history entry names: None for the general cache."""
-    return None if free_list.pool is None else free_list.pool.id

@@ -68,8 +68,7 @@ class Segments:
         if alloc_size >= self._max_split:
             stats.oversize_segments.up()
         if self._history is not None:
-            self._history.event(SEGMENT_ALLOC, ptr, alloc_size, free_list.stream,
-                                None if free_list.pool is None else free_list.pool.id)
+            self._history.event(SEGMENT_ALLOC, ptr, alloc_size, free_list.stream, free_list.pool_id)
         return block
 
     def _observe_oom(self, alloc_size, stream):
@@ -153,8 +152,7 @@ class Segments:
         block.free_list.remove(block)
         self.driver.free(self.device, block.ptr)
         if self._history is not None:
-            pool = block.free_list.pool
-            self._history.event(SEGMENT_FREE, block.ptr, block.size, block.stream, None if pool is None else pool.id)
+            self._history.event(SEGMENT_FREE, block.ptr, block.size, block.stream, block.free_list.pool_id)
         del self._segments[block.ptr]
         if block.free_list.pool is not None:
             block.free_list.pool.segments -= 1
