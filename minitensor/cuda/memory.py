@@ -194,7 +194,8 @@ def _record_memory_history(enabled="all", context="all", stacks="all", max_entri
     torch.cuda.memory._record_memory_history (with record_pinned_host_memory): `enabled` "all"
     (a trace of actions, at most `max_entries`, the oldest dropped), "state" (only the stacks of live
     allocations) or None (stop); `context` which stacks ("all", "alloc", "state", None); `stacks` "python" or
-    "all" (minitensor's stacks are Python's). A new call keeps what was recorded unless `clear_history`."""
+    "all" (minitensor's stacks are Python's). A new call keeps what was recorded unless `clear_history`.
+    `device` is accepted for torch's signature: every device records."""
     global _history_options
     if isinstance(enabled, bool):  # torch's legacy signature: a flag first
         enabled = "all" if enabled else None
