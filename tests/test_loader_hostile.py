@@ -21,7 +21,8 @@ import pytest
 
 import minitensor as mt
 from helpers import REPO
-from minitensor.serialization import atomicfile, limits, zipformat
+from minitensor.base import atomicfile
+from minitensor.serialization import limits, zipformat
 from minitensor.serialization.zipformat import ZipWriter
 from test_serialization import archive
 

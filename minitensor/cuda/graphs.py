@@ -14,6 +14,7 @@ Random ops in a capture read their generator's seed and offset from a small stat
 each replay sets first, advancing the generator by the counters the graph draws, so every replay draws new
 numbers and `manual_seed` before replays reproduces them.
 """
+import itertools
 import threading
 import warnings
 
@@ -26,13 +27,11 @@ from .streams import Stream, current_stream_handle, stream as stream_context
 
 __all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables"]
 
-_ids = iter(range(1, 1 << 62))  # pool ids: graph_pool_handle's (0, n), a capture's own (n, 0), as torch's
-_ids_lock = threading.Lock()
+_ids = itertools.count(1)  # pool ids: graph_pool_handle's (0, n), a capture's own (n, 0), as torch's
 
 
 def _next_id():
-    with _ids_lock:
-        return next(_ids)
+    return next(_ids)  # atomic: count's next() holds the GIL throughout, as streams.py's event ids rely on
 
 
 def graph_pool_handle():

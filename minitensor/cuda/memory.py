@@ -14,6 +14,7 @@ import warnings
 from ..allocator import DeviceCachingAllocator, UncachedAllocator, history as allocator_history, \
     settings as allocator_settings
 from ..backends import active_driver
+from ..base.atomicfile import atomic_write
 from . import host_memory
 from .devices import device as device_context, index_of, mem_get_info
 from .streams import current_stream_handle
@@ -253,15 +254,9 @@ def _dump_snapshot(filename="dump_snapshot.pickle"):
 
 
 def _write_pickle(data, filename):
-    """Write through a temporary file, so a failed dump leaves no half file under the name."""
-    temporary = f"{filename}.{os.getpid()}.tmp"
-    try:
-        with open(temporary, "wb") as f:
-            pickle.dump(data, f, protocol=4)
-        os.replace(temporary, filename)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
+    """Through a temporary file (base/atomicfile.py), so a failed dump leaves no half file under the name."""
+    with atomic_write(filename) as f:
+        pickle.dump(data, f, protocol=4)
 
 
 def set_oom_snapshot(path):
@@ -278,7 +273,7 @@ def _oom_observer(index):
             traces[index] = trace
             try:
                 _write_pickle(_snapshot_dict(segments, traces), _oom_snapshot)
-            except OSError as e:
+            except (OSError, RuntimeError) as e:  # RuntimeError: atomic_write's missing folder
                 warnings.warn(f"minitensor: could not write the out-of-memory snapshot to {_oom_snapshot!r}: {e}",
                               RuntimeWarning, stacklevel=2)
     return observe

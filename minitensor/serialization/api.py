@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 
+from ..base.atomicfile import atomic_write
 from ..base.device import CPU, device as _device
 from ..core.storage import UntypedStorage
 from ..cuda import devices, staging
@@ -22,7 +23,6 @@ from ..cuda.device_errors import raise_pending
 from ..cuda.devices import as_device
 from ..cuda.streams import current_stream_handle
 from . import torch_pickle
-from .atomicfile import atomic_write
 from .unpickler import loads
 from .zipformat import ZipReader, ZipWriter
 

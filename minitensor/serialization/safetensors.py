@@ -17,12 +17,12 @@ import struct
 import numpy as np
 
 from ..base import dtypes
+from ..base.atomicfile import atomic_write
 from ..core.host_arrays import numpy_view
 from ..core.shapes import contiguous_strides
 from ..core.storage import UntypedStorage
 from ..cuda.devices import as_device
 from ..tensor import Tensor
-from .atomicfile import atomic_write
 from .limits import MAX_DIMS, shape_problem
 
 MAX_HEADER_SIZE = 100_000_000
