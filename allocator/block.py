@@ -55,7 +55,7 @@ class FreeList:
     changes to the cached blocks (whoever pops a bin counts it too).
     """
 
-    __slots__ = ("owner", "small", "stream", "pool", "stats", "other_stats", "all_peaks", "sizes", "bins",
+    __slots__ = ("owner", "small", "stream", "pool", "pool_id", "stats", "other_stats", "all_peaks", "sizes", "bins",
                  "version")
 
     def __init__(self, owner, small, stream, stats, other_stats, all_peaks, pool=None):
@@ -63,16 +63,12 @@ class FreeList:
         self.small = small  # the small pool (requests up to 1 MiB) or the large one
         self.stream = stream
         self.pool = pool  # the private pool (allocator/private_pools.py) it belongs to, None: the general cache
+        self.pool_id = None if pool is None else pool.id  # as memory-history entries name the pool
         # the statistics it moves: its pool's, the other pool's, and the all-pools peaks (see stats.py)
         self.stats, self.other_stats, self.all_peaks = stats, other_stats, all_peaks
         self.sizes = []
         self.bins = {}
         self.version = 0
-
-    @property
-    def pool_id(self):
-        """The private pool's id, as memory-history entries name it; None for the general cache."""
-        return None if self.pool is None else self.pool.id
 
     def add(self, block):
         self.version += 1

@@ -3,11 +3,14 @@ keeps it (c10/cuda/CUDACachingAllocator.cpp `record_trace`, torch/cuda/memory.py
 
 `enabled="all"` keeps a trace of actions (a ring of `max_entries`, oldest dropped); "state" keeps only the stack
 of each live allocation, for the snapshot's blocks. `context` says which stacks are taken: None none, "state"
-those of live allocations, "alloc" also the trace's allocations, "all" its frees too. An entry is a tuple until
-a snapshot turns it into torch's dict, so recording costs one stack walk and one append.
+those of live allocations, "alloc" also the trace's allocations, "all" its frees too.
+
+Recording is on the allocator's hot path, so it keeps what it must and builds nothing else: an entry is FIELDS
+slots appended to one flat list (a kept tuple per entry cost more than the rest of the entry), a stack is
+interned, and a snapshot turns both into torch's dicts. The recorder that does it is _recorder.c's, built with
+the system C compiler, or PythonRecorder without one.
 """
 import array
-import collections
 import glob
 import os
 import sys
@@ -20,48 +23,86 @@ SEGMENT_ALLOC, SEGMENT_FREE, OOM, SNAPSHOT = "segment_alloc", "segment_free", "o
 ENABLED = ("all", "state", None)
 CONTEXTS = ("all", "alloc", "state", None)
 STACKS = ("python", "all")
+FIELDS = 8  # a trace entry's slots: action, address, size, stream, time in ns, stack, pool id, free device bytes
+MAX_INTERNED = 65536  # stacks in an intern table before it starts over
 _NO_FRAMES = ()
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _OWN = frozenset(glob.glob(os.path.join(_HERE, "*.py")))  # the allocator's modules: not part of a stack
-_walker = None  # _stack.c's module, built or loaded when a history is first made
+_recorder_type = None  # _recorder.c's Recorder or PythonRecorder, chosen when a history is first made
 
 
-def _stack():
-    """The calling Python frames, innermost first, without the allocator's own: (codes, positions), a tuple of
-    code objects and their int32 positions packed in bytes, each the byte offset of the frame's last
-    instruction or its line negated (frame_dicts reads both)."""
-    return _walker.stack(_OWN)
-
-
-def _python_stack():
-    """_stack in Python, where no C compiler builds _stack.c (several times slower)."""
+def _python_stack(own, table, max_interned):
+    """The caller's stack without the frames of files in `own`, interned in `table` (see _recorder.c)."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename in _OWN:
+    while frame is not None and frame.f_code.co_filename in own:
         frame = frame.f_back
     codes, lines = [], array.array("i")
     while frame is not None:
         codes.append(frame.f_code)
         lines.append(-frame.f_lineno)
         frame = frame.f_back
-    return tuple(codes), lines.tobytes()
+    key = (tuple(map(id, codes)), lines.tobytes())
+    found = table.get(key)
+    if found is None:  # the codes kept in the value keep their ids unique
+        if len(table) >= max_interned:
+            table.clear()
+        found = table[key] = (tuple(codes), key[1])
+    return found
 
 
-def _load_walker():
-    """The C walker, or _python_stack's stand-in without a C compiler."""
-    global _walker, _stack
-    if _walker is None:
+class PythonRecorder:
+    """_recorder.c's Recorder in Python, for machines without a C compiler (several times slower). Each entry is
+    appended by one list.extend, so threads freeing without the allocator's lock never interleave their slots."""
+
+    __slots__ = ("trace", "live", "stacks", "own", "alloc_stacks", "free_stacks", "keep", "max_interned")
+
+    def __init__(self, trace, live, stacks, own, alloc_stacks, free_stacks, keep, max_interned):
+        self.trace, self.live, self.stacks, self.own = trace, live, stacks, own
+        self.alloc_stacks, self.free_stacks = alloc_stacks, free_stacks
+        self.keep, self.max_interned = keep, max_interned
+
+    def alloc(self, ptr, size, stream, pool_id):
+        if self.live is not None:
+            stack = self.live[ptr] = _python_stack(self.own, self.stacks, self.max_interned)
+        if self.trace is not None:
+            self._append((ALLOC, ptr, size, stream, time.time_ns(), stack if self.alloc_stacks else _NO_FRAMES,
+                          pool_id, None))
+
+    def free(self, ptr, size, stream, pool_id, completed):
+        if self.live is not None:
+            self.live.pop(ptr, None)
+        if self.trace is not None:
+            now = time.time_ns()
+            stack = _python_stack(self.own, self.stacks, self.max_interned) if self.free_stacks else _NO_FRAMES
+            requested = (FREE_REQUESTED, ptr, size, stream, now, stack, pool_id, None)
+            self._append(requested + (FREE_COMPLETED, ptr, size, stream, now, _NO_FRAMES, pool_id, None)
+                         if completed else requested)
+
+    def _append(self, slots):
+        trace = self.trace
+        trace.extend(slots)
+        if len(trace) > 2 * self.keep:
+            del trace[:-self.keep]  # one step, so a concurrent append is never cut in half
+
+
+def _load_recorder_type():
+    global _recorder_type
+    if _recorder_type is None:
         try:
-            _walker = cext.load(os.path.join(_HERE, "_stack.c"), "_minitensor_stack")
-        except RuntimeError:
-            _walker, _stack = False, _python_stack
+            _recorder_type = cext.load(os.path.join(_HERE, "_recorder.c"), "_minitensor_recorder").Recorder
+        except RuntimeError:  # no C compiler
+            _recorder_type = PythonRecorder
 
 
 class History:
-    """One allocator's history. `trace` (None with enabled="state"): entries (action, address, size, stream,
-    time in ns, stack, pool id, free device bytes for an oom); `live`: address -> stack of each allocated
-    block, while stacks of live allocations are kept."""
+    """One allocator's history: what its recorder keeps, read back as torch's dicts. `trace` (None with
+    enabled="state"): FIELDS slots per entry, oldest first, `max_entries` entries once trimmed (it grows to twice
+    that between trims, so a trim is rare); `live`: address -> stack of each allocated block, while stacks of live
+    allocations are kept; `stacks`: the recorder's intern table. The allocator calls `alloc(ptr, size, stream,
+    pool_id)` when it hands a block out, `free(ptr, size, stream, pool_id, completed)` when the owner frees it
+    (`completed`: reusable at once, no other stream used it), and `event` for entries without a stack."""
 
-    __slots__ = ("trace", "live", "alloc_stacks", "free_stacks")
+    __slots__ = ("trace", "live", "stacks", "keep", "alloc", "free")
 
     def __init__(self, enabled="all", context="all", max_entries=sys.maxsize):
         if enabled not in ENABLED[:2]:
@@ -70,37 +111,29 @@ class History:
             raise ValueError(f"context must be one of {CONTEXTS}, got {context!r}")
         if not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
-        self.trace = collections.deque(maxlen=max_entries) if enabled == "all" else None
+        self.trace = [] if enabled == "all" else None
         self.live = {} if context is not None else None
-        self.alloc_stacks = enabled == "all" and context in ("alloc", "all")
-        self.free_stacks = enabled == "all" and context == "all"
-        if self.live is not None:
-            _load_walker()
+        self.stacks = {}
+        self.keep = FIELDS * min(max_entries, sys.maxsize // (2 * FIELDS))  # slots; twice it fits a C size
+        _load_recorder_type()
+        recorder = _recorder_type(self.trace, self.live, self.stacks, _OWN, enabled == "all" and context in (
+            "alloc", "all"), enabled == "all" and context == "all", self.keep, MAX_INTERNED)
+        self.alloc, self.free = recorder.alloc, recorder.free  # bound here: the allocator calls them directly
 
-    def alloc(self, block, pool_id):
-        stack = _stack() if self.live is not None else _NO_FRAMES
-        if self.live is not None:
-            self.live[block.ptr] = stack
-        if self.trace is not None:
-            self.trace.append((ALLOC, block.ptr, block.size, block.stream, time.time_ns(),
-                               stack if self.alloc_stacks else _NO_FRAMES, pool_id, None))
-
-    def free(self, block, pool_id, completed):
-        """The owner frees the block; `completed`: it is reusable at once (no other stream used it)."""
-        if self.live is not None:
-            self.live.pop(block.ptr, None)
-        if self.trace is not None:
-            now = time.time_ns()
-            self.trace.append((FREE_REQUESTED, block.ptr, block.size, block.stream, now,
-                               _stack() if self.free_stacks else _NO_FRAMES, pool_id, None))
-            if completed:
-                self.trace.append((FREE_COMPLETED, block.ptr, block.size, block.stream, now, _NO_FRAMES, pool_id,
-                                   None))
+    def carry_over(self, old, trace):
+        """Go on from History `old`: the stacks of its blocks still allocated and, if `trace`, its entries."""
+        if trace and self.trace is not None and old.trace is not None:
+            self.trace.extend(old.trace[-min(old.keep, self.keep):])  # what each ring holds
+        if self.live is not None and old.live is not None:
+            self.live.update(old.live)
 
     def event(self, action, ptr, size, stream, pool_id, device_free=None):
         """An entry without a stack: free_completed, segment_alloc, segment_free, oom, snapshot."""
-        if self.trace is not None:
-            self.trace.append((action, ptr, size, stream, time.time_ns(), _NO_FRAMES, pool_id, device_free))
+        trace = self.trace
+        if trace is not None:
+            trace.extend((action, ptr, size, stream, time.time_ns(), _NO_FRAMES, pool_id, device_free))
+            if len(trace) > 2 * self.keep:
+                del trace[:-self.keep]
 
     def frames(self, ptr, memo):
         """The frames of the live allocation at `ptr`, as the snapshot's list of dicts (see frame_dicts)."""
@@ -111,8 +144,10 @@ class History:
         """The trace as torch's list of dicts, oldest first (`memo`: see frame_dicts)."""
         if self.trace is None:
             return []
+        slots = self.trace[-self.keep:]
         out = []
-        for action, ptr, size, stream, time_ns, stack, pool_id, device_free in list(self.trace):
+        for i in range(0, len(slots), FIELDS):
+            action, ptr, size, stream, time_ns, stack, pool_id, device_free = slots[i:i + FIELDS]
             entry = {"action": action, "addr": ptr, "size": size, "stream": stream, "time_us": time_ns // 1000,
                      "frames": frame_dicts(stack, memo) if stack else []}
             if pool_id is not None:
@@ -127,7 +162,7 @@ _frame_dicts = {}  # (id(code), position) -> (code, its frame dict): one dict pe
 
 
 def frame_dicts(stack, memo):
-    """A stack (see _stack) as torch's list of frames {"filename", "line", "name"}. `memo`, a dict kept for one
+    """A stack (see _recorder.c) as torch's list of frames {"filename", "line", "name"}. `memo`, a dict kept for one
     snapshot, maps id(stack) to its list, so a block and its "alloc" entry share one list (pickled once). Keys are
     ids because hashing a code object walks its constants: a snapshot of 10,000 blocks would spend its time so."""
     frames = memo.get(id(stack))

@@ -115,7 +115,7 @@ class HostCachingAllocator(StatsReset):
                     stats.active_bytes.allocated += size
                     stats.active_bytes.freed += size
                     if self._history is not None:
-                        self._history.alloc(block, None)
+                        self._history.alloc(block.ptr, block.size, block.stream, None)
                     return block
                 self._settle()
             if self._queued_events and self._thread is None:
@@ -125,7 +125,7 @@ class HostCachingAllocator(StatsReset):
                 block = bin_.pop()
                 self._count_taken(size)
                 if self._history is not None:
-                    self._history.alloc(block, None)
+                    self._history.alloc(block.ptr, block.size, block.stream, None)
                 return block
         finally:
             lock.release()
@@ -139,7 +139,7 @@ class HostCachingAllocator(StatsReset):
             self._count_taken(size)
             if self._history is not None:
                 self._history.event(SEGMENT_ALLOC, block.ptr, size, 0, None)
-                self._history.alloc(block, None)
+                self._history.alloc(block.ptr, block.size, block.stream, None)
         return block
 
     def free(self, block):
@@ -157,7 +157,7 @@ class HostCachingAllocator(StatsReset):
         if block.stream_uses:
             self._events.record(block)
         if self._history is not None:  # completed now, or when its streams' events have (_events_done)
-            self._history.free(block, None, not block.events)
+            self._history.free(block.ptr, block.size, block.stream, None, not block.events)
         self._freed.append(block)  # thread-safe without the lock
         if block.events and self._thread is not None:
             self._wake.set()

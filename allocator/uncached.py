@@ -28,7 +28,7 @@ class UncachedAllocator(DeviceCachingAllocator):
                 raise OutOfMemoryError(message)
             self._count_taken(block, nbytes)
             if self._history is not None:
-                self._history.alloc(block, None)
+                self._history.alloc(block.ptr, block.size, block.stream, None)
             return block
 
     def free(self, block):
@@ -38,7 +38,7 @@ class UncachedAllocator(DeviceCachingAllocator):
                     return
                 raise RuntimeError(f"minitensor allocator: {block!r} freed twice")
             if self._history is not None:
-                self._history.free(block, None, True)
+                self._history.free(block.ptr, block.size, block.stream, None, True)
             p = block.free_list.stats
             p.allocation -= 1
             p.allocated_bytes -= block.size

@@ -25,6 +25,7 @@ import pytest
 
 import minitensor as mt
 import minitensor.allocator
+from minitensor.allocator import history
 from helpers import run_python
 
 DEV = "cuda"
@@ -45,10 +46,14 @@ MEMORYVIZ_OPCODES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _history_off(clean_cuda_state):
-    """History off before and after each test, whatever the test did; no out-of-memory snapshot during the
-    test (the one MINITENSOR_OOM_SNAPSHOT set, if any, back after it); the memory fraction back to 1."""
+@pytest.fixture(autouse=True, params=["c_recorder", "python_recorder"])
+def _history_off(request, clean_cuda_state, monkeypatch):
+    """Each test once with each recorder (_recorder.c's, and history.PythonRecorder for machines without a C
+    compiler). History off before and after each test, whatever the test did; no out-of-memory snapshot during
+    the test (the one MINITENSOR_OOM_SNAPSHOT set, if any, back after it); the memory fraction back to 1."""
+    history._load_recorder_type()
+    if request.param == "python_recorder":
+        monkeypatch.setattr(history, "_recorder_type", history.PythonRecorder)
     saved = memory._oom_snapshot
     memory._record_memory_history(None)
     memory.set_oom_snapshot(None)
@@ -375,12 +380,15 @@ def test_frames_are_innermost_first_through_a_helper():
     assert order.index("_allocate_here") > 0  # minitensor's own empty() is inside it
 
 
-def test_python_stack_fallback_gives_the_same_frames(monkeypatch):
-    """history._python_stack, used where _stack.c cannot be built, walks the same frames."""
-    from minitensor.allocator import history
+def test_python_recorder_gives_the_same_frames(monkeypatch):
+    """history.PythonRecorder, used where _recorder.c cannot be built, walks the same frames as the C one."""
+    monkeypatch.setattr(history, "_recorder_type", None)
+    history._load_recorder_type()
+    assert history._recorder_type is not history.PythonRecorder, "this machine has a C compiler: the C recorder"
     memory._record_memory_history()
     a, line_a = _allocate_here()
-    monkeypatch.setattr(history, "_stack", history._python_stack)
+    monkeypatch.setattr(history, "_recorder_type", history.PythonRecorder)
+    memory._record_memory_history()  # a new history, with the Python recorder
     b, line_b = _allocate_here()
     found = blocks(memory._snapshot())
     fa, fb = found[a.data_ptr()]["frames"], found[b.data_ptr()]["frames"]

@@ -219,10 +219,7 @@ def _continued(a, options, clear_history):
     of the blocks still allocated."""
     new, old = allocator_history.History(*options), a._history
     if old is not None:
-        if new.trace is not None and old.trace is not None and not clear_history:
-            new.trace.extend(old.trace)
-        if new.live is not None and old.live is not None:  # the stacks of blocks still allocated
-            new.live.update(old.live)
+        new.carry_over(old, trace=not clear_history)
     return new
 
 
