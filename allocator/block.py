@@ -7,6 +7,7 @@ ALLOCATED = 1  # handed out
 PENDING = 2  # freed by its owner, but other streams (record_stream) may still use it: waits on events
 NULL = 3  # the zero-byte block: freeing it does nothing
 QUEUED = 4  # freed by its owner, the free not yet completed by the allocator
+UNMAPPED = 5  # addresses of an expandable segment with no memory mapped (expandable.py): never in a free list
 
 
 class Block:
@@ -18,7 +19,7 @@ class Block:
     """
 
     __slots__ = ("ptr", "size", "requested", "stream", "free_list", "prev", "next", "state", "stream_uses",
-                 "events", "event_count", "gc_base", "reuse_version", "reuse_kind")
+                 "events", "event_count", "gc_base", "reuse_version", "reuse_kind", "expandable")
 
     def __init__(self, ptr, size, stream, free_list):
         self.ptr = ptr
@@ -36,9 +37,10 @@ class Block:
         self.gc_base = 0  # the pool's lookup count when it was cached (garbage_collection_threshold)
         self.reuse_version = -1  # free_list.version when reuse_kind was worked out (see the allocator)
         self.reuse_kind = None
+        self.expandable = None  # the expandable segment it is part of (expandable.py), or None
 
     def __repr__(self):
-        state = ("free", "allocated", "pending", "null", "queued")[self.state]
+        state = ("free", "allocated", "pending", "null", "queued", "unmapped")[self.state]
         return f"Block(ptr={self.ptr:#x}, size={self.size}, stream={self.stream:#x}, {state})"
 
 
@@ -56,7 +58,7 @@ class FreeList:
     """
 
     __slots__ = ("owner", "small", "stream", "pool", "pool_id", "stats", "other_stats", "all_peaks", "sizes", "bins",
-                 "version")
+                 "version", "expandable")
 
     def __init__(self, owner, small, stream, stats, other_stats, all_peaks, pool=None):
         self.owner = owner  # the allocator
@@ -69,6 +71,7 @@ class FreeList:
         self.sizes = []
         self.bins = {}
         self.version = 0
+        self.expandable = None  # its expandable segment (expandable.py), once it grew one
 
     def add(self, block):
         self.version += 1
@@ -96,6 +99,12 @@ class FreeList:
                 return bin_
             del bins[sizes[i]], sizes[i]
         return None
+
+    def fits(self, size):
+        """The cached blocks of at least `size` bytes, best fit first (smallest, then lowest address)."""
+        sizes, bins = self.sizes, self.bins
+        for fit in sizes[bisect_left(sizes, size):]:
+            yield from reversed(bins[fit])
 
     def prune(self):
         """Drop the empty bins."""

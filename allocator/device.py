@@ -7,10 +7,12 @@ device; every public method but `free` takes the lock once.
 Policy (docs/allocator.md, torch's c10/cuda/CUDACachingAllocator.cpp):
 - Requests round up to 512 bytes (or roundup_power2_divisions); up to 1 MiB they come from the small pool,
   else from the large one. A miss asks the driver for a segment (segments.py): 2 MiB (small), 20 MiB (under
-  10 MiB), or the request rounded up to 2 MiB, after the out-of-memory ladder when the device is full.
+  10 MiB), or the request rounded up to 2 MiB, after the out-of-memory ladder when the device is full. With
+  expandable_segments, the miss maps pages into the free list's one expandable segment instead (expandable.py).
 - Free blocks are cached per (stream, pool) and only reused by their stream: the smallest that fits, lowest
-  address first. A request takes the low end of a block and the rest stays cached (small pool: when at
-  least 512 bytes remain; large: when the request is under max_split_size and more than 1 MiB remains).
+  address first. A request takes the low end of a block and the rest stays cached (small pool and expandable
+  segments: when at least 512 bytes remain; large: when the request is under max_split_size and more than
+  1 MiB remains).
   Blocks of max_split_size or more are never split nor used for a request 20 MiB smaller. A freed block
   merges with its free neighbours.
 - A block used by other streams (record_stream) is cached only once an event recorded on each of them at
@@ -28,6 +30,7 @@ import threading
 from minitensor.base.errors import OutOfMemoryError
 
 from .block import ALLOCATED, FREE, NULL, PENDING, QUEUED, Block, FreeList
+from .expandable import ExpandableSegments
 from .history import FREE_COMPLETED
 from .private_pools import PrivatePools
 from .reuse import QueuedFrees
@@ -42,10 +45,10 @@ from .stream_events import StreamEvents
 _UNLIMITED = 1 << 64  # max_split_size when none is set: no block reaches it
 
 
-class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, Snapshots, StatsReset):
-    """The caching allocator of one device. Its queued frees (reuse.py), its segments (segments.py), its
-    private pools (private_pools.py) and its snapshots and history (snapshot.py) are mixins rather than objects
-    of their own: they share its state, and the hot path reads it inline."""
+class DeviceCachingAllocator(QueuedFrees, Segments, ExpandableSegments, PrivatePools, Snapshots, StatsReset):
+    """The caching allocator of one device. Its queued frees (reuse.py), its segments (segments.py,
+    expandable.py), its private pools (private_pools.py) and its snapshots and history (snapshot.py) are mixins
+    rather than objects of their own: they share its state, and the hot path reads it inline."""
 
     def __init__(self, driver, device, settings=None):
         self.driver = driver
@@ -83,6 +86,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, Snapshots, Sta
             self._max_split = settings.max_split_size or _UNLIMITED
             self._divisions = settings.roundup_power2_divisions
             self._gc_threshold = settings.garbage_collection_threshold
+            self._expandable_on = settings.expandable_segments
             self._set_plain()
 
     def _set_plain(self):
@@ -131,10 +135,11 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, Snapshots, Sta
                 free_list = (self._small if size <= SMALL_SIZE else self._large).get(stream)
                 if free_list is not None:
                     bin_ = free_list.bins.get(size)
-                    if bin_:  # an exact fit is the best fit, taken whole
+                    # an exact fit is the best fit, taken whole (in an expandable segment, see _takes_exact)
+                    if bin_ and (bin_[-1].expandable is None or self._takes_exact(free_list, bin_)):
                         free_list.version += 1
                         block = bin_.pop()
-                        if block.prev is not None or block.next is not None:
+                        if (block.prev is not None or block.next is not None) and block.expandable is None:
                             p = free_list.stats
                             p.inactive_split -= 1
                             p.inactive_split_bytes -= size
@@ -228,7 +233,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, Snapshots, Sta
             block = self._new_block(free_list, size)
         if self._should_split(block, size):
             self._split(block, size)
-        elif block.prev is not None or block.next is not None:
+        elif (block.prev is not None or block.next is not None) and block.expandable is None:
             p = free_list.stats
             p.inactive_split -= 1
             p.inactive_split_bytes -= block.size
@@ -254,32 +259,40 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, Snapshots, Sta
         bin_ = free_list.best_fit(size)
         if bin_ is None:
             return None
-        found = bin_[-1].size
-        if size < self._max_split <= found:
+        block = bin_[-1] if bin_[-1].expandable is None else self._expandable_fit(free_list, size)
+        if block is None:
+            return None
+        if size < self._max_split <= block.size:
             return None  # an oversize block is not split for a smaller request
-        if size >= self._max_split and found >= size + OVERSIZE_SLACK:
+        if size >= self._max_split and block.size >= size + OVERSIZE_SLACK:
             return None  # nor used for a request much smaller than itself
-        free_list.version += 1
-        return bin_.pop()
+        if block is bin_[-1]:
+            free_list.version += 1
+            bin_.pop()
+        else:
+            free_list.remove(block)
+        return block
 
     def _should_split(self, block, size):
         remaining = block.size - size
-        if block.free_list.small:
+        if block.free_list.small or block.expandable is not None:  # torch's rule for expandable segments too
             return remaining >= MIN_BLOCK
         return size < self._max_split and remaining > SMALL_SIZE
 
     def _split(self, block, size):
         """Keep the low `size` bytes in `block`, about to be handed out, and cache the rest."""
         rest = Block(block.ptr + size, block.size - size, block.stream, block.free_list)
+        rest.expandable = block.expandable
         p = block.free_list.stats
-        if block.prev is None and block.next is None:  # the rest is a new inactive split block
-            p.inactive_split += 1
-            p.inactive_split_bytes += rest.size
-            p.inactive_split_inc += 1
-            p.inactive_split_bytes_inc += rest.size
-            self._split_peaks(p, 0, 0)
-        else:  # the free split block it was loses its low part
-            p.inactive_split_bytes -= size
+        if block.expandable is None:  # an expandable segment has no inactive split blocks
+            if block.prev is None and block.next is None:  # the rest is a new inactive split block
+                p.inactive_split += 1
+                p.inactive_split_bytes += rest.size
+                p.inactive_split_inc += 1
+                p.inactive_split_bytes_inc += rest.size
+                self._split_peaks(p, 0, 0)
+            else:  # the free split block it was loses its low part
+                p.inactive_split_bytes -= size
         rest.prev, rest.next = block, block.next
         if block.next is not None:
             block.next.prev = rest
@@ -373,7 +386,9 @@ class DeviceCachingAllocator(QueuedFrees, Segments, PrivatePools, Snapshots, Sta
             block.next = nxt.next
             if nxt.next is not None:
                 nxt.next.prev = block
-        if block.prev is not None or block.next is not None:
+        if block.expandable is not None:  # an expandable segment has no inactive split blocks
+            split_n = split_b = 0
+        elif block.prev is not None or block.next is not None:
             split_n += 1
             split_b += block.size
         p.requested_bytes -= requested

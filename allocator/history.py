@@ -20,6 +20,7 @@ from minitensor.base import cext
 
 ALLOC, FREE_REQUESTED, FREE_COMPLETED = "alloc", "free_requested", "free_completed"
 SEGMENT_ALLOC, SEGMENT_FREE, OOM, SNAPSHOT = "segment_alloc", "segment_free", "oom", "snapshot"
+SEGMENT_MAP, SEGMENT_UNMAP = "segment_map", "segment_unmap"  # pages of an expandable segment (expandable.py)
 ENABLED = ("all", "state", None)
 CONTEXTS = ("all", "alloc", "state", None)
 STACKS = ("python", "all")

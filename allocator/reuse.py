@@ -11,7 +11,7 @@ changes the statistics (`_end_repeats`).
 """
 from bisect import bisect_left
 
-from .block import ALLOCATED, FREE
+from .block import ALLOCATED, FREE, UNMAPPED
 from .sizes import SMALL_SIZE
 
 # How freeing the victim and taking it again moves the inactive split blocks (see _reuse_kind).
@@ -114,19 +114,28 @@ class QueuedFrees:
         if prev is not None and prev.state == FREE:
             return None  # merged with its lower neighbour, the allocation would start lower
         free_list, size = victim.free_list, victim.size
+        expandable = victim.expandable is not None  # no inactive split blocks to count: always _WHOLE
+        growth_room = False  # unmapped pages above the block the free makes: any other fit is taken first
+        if expandable:
+            if not self._expandable_on:
+                return None  # no new allocation goes into an expandable segment (expandable.py, _expandable_fit)
+            above = nxt.next if nxt is not None and nxt.state == FREE else nxt
+            growth_room = above is not None and above.state == UNMAPPED
         if nxt is None or nxt.state != FREE:  # it stays as it is: taken unless an equal block lies lower
             bin_ = free_list.bins.get(size)
-            if bin_ and bin_[-1].ptr < victim.ptr:
+            if bin_ and bin_[-1].ptr < victim.ptr or growth_room and next(free_list.fits(size), None) is not None:
                 return None
-            return _WHOLE if prev is None and nxt is None else _ALONE
+            return _WHOLE if expandable or (prev is None and nxt is None) else _ALONE
         merged = size + nxt.size  # merged with its upper neighbour, then split again at the same place ...
-        if not free_list.small and not (merged < self._max_split and nxt.size > SMALL_SIZE):
+        if not (free_list.small or expandable or (merged < self._max_split and nxt.size > SMALL_SIZE)):
             return None
         sizes, bins = free_list.sizes, free_list.bins  # ... unless another cached block fits better
         for fit in sizes[bisect_left(sizes, size):]:
             bin_ = bins[fit]
             if bin_ and not (fit == nxt.size and len(bin_) == 1):
-                if fit < merged or (fit == merged and bin_[-1].ptr < victim.ptr):
+                if growth_room or fit < merged or (fit == merged and bin_[-1].ptr < victim.ptr):
                     return None
                 break
+        if expandable:
+            return _WHOLE
         return _REJOIN_WHOLE if prev is None and nxt.next is None else _REJOIN

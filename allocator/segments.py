@@ -3,7 +3,8 @@ ladder, and cached ones given back (empty_cache, the ladder, garbage collection)
 
 Out of memory, in order: free old cached blocks (garbage_collection_threshold with a memory fraction), new
 segment, release cached blocks of max_split_size that cover the request and retry, release every unsplit
-cached block and retry (num_alloc_retries), then OutOfMemoryError (num_ooms).
+cached block and retry (num_alloc_retries), then OutOfMemoryError (num_ooms). With expandable segments the new
+segment is new pages of the free list's expandable segment, and releasing unmaps free pages (expandable.py).
 """
 from minitensor.base.errors import OutOfMemoryError
 
@@ -23,18 +24,22 @@ class Segments:
     """
 
     def _new_block(self, free_list, size):
-        """A new segment for `size`, after the out-of-memory retries; raises OutOfMemoryError."""
-        alloc_size = segment_size(size)
+        """A new segment for `size` (or new pages of an expandable one), after the out-of-memory retries; raises
+        OutOfMemoryError."""
+        if self._expandable_on:
+            grow, alloc_size = self._expand, size
+        else:
+            grow, alloc_size = self._new_segment, segment_size(size)
         capturing = self._capturing  # freeing segments is illegal while a stream captures
         if self._limit is not None and self._gc_threshold and not capturing:
             self._garbage_collect()
-        block = self._new_segment(free_list, alloc_size)
+        block = grow(free_list, alloc_size)
         if block is None and not capturing and self._release_oversize(free_list, size):
-            block = self._new_segment(free_list, alloc_size)
+            block = grow(free_list, alloc_size)
         if block is None and not capturing:
             self._release_cached()
             self.stats.num_alloc_retries += 1
-            block = self._new_segment(free_list, alloc_size)
+            block = grow(free_list, alloc_size)
         if block is None:
             self.stats.num_ooms += 1
             message = self._oom_message(alloc_size)  # before the observer, which may take a while
@@ -57,19 +62,24 @@ class Segments:
             free_list.pool.segments += 1
         p = free_list.stats
         p.segment += 1
-        p.reserved_bytes += alloc_size
         p.segment_inc += 1
-        p.reserved_bytes_inc += alloc_size
         p.segment_peak = max(p.segment_peak, p.segment)
-        p.reserved_bytes_peak = max(p.reserved_bytes_peak, p.reserved_bytes)
         stats.all.segment_peak = max(stats.all.segment_peak, stats.current("segment"))
-        stats.all.reserved_bytes_peak = max(stats.all.reserved_bytes_peak, stats.current("reserved_bytes"))
-        stats.num_device_alloc += 1
+        self._count_reserved(p, alloc_size)
         if alloc_size >= self._max_split:
             stats.oversize_segments.up()
         if self._history is not None:
             self._history.event(SEGMENT_ALLOC, ptr, alloc_size, free_list.stream, free_list.pool_id)
         return block
+
+    def _count_reserved(self, p, nbytes):
+        """Statistics of `nbytes` more from the driver (a segment, or pages mapped) for pool statistics `p`."""
+        stats = self.stats
+        p.reserved_bytes += nbytes
+        p.reserved_bytes_inc += nbytes
+        p.reserved_bytes_peak = max(p.reserved_bytes_peak, p.reserved_bytes)
+        stats.all.reserved_bytes_peak = max(stats.all.reserved_bytes_peak, stats.current("reserved_bytes"))
+        stats.num_device_alloc += 1
 
     def _observe_oom(self, alloc_size, stream):
         """Before an OutOfMemoryError: the history's "oom" entry, then the observer (the snapshot at the OOM)."""
@@ -85,10 +95,13 @@ class Segments:
         allocated, reserved = self.stats.current("allocated_bytes"), self.stats.current("reserved_bytes")
         private = self.private_bytes()
         private = f" with {format_size(private)} allocated in private pools (e.g., CUDA Graphs)," if private else ""
+        hint = "" if self.settings.expandable_segments else (
+            " If reserved but unallocated memory is large try setting MINITENSOR_ALLOC_CONF=expandable_segments:True "
+            "to avoid fragmentation.")
         return (f"CUDA out of memory. Tried to allocate {format_size(alloc_size)}. GPU {self.device} has a total "
                 f"capacity of {format_size(total)} of which {format_size(free)} is free. {allowed}Of the "
                 f"allocated memory {format_size(allocated)} is allocated by minitensor,{private} and "
-                f"{format_size(reserved - allocated)} is reserved by minitensor but unallocated.")
+                f"{format_size(reserved - allocated)} is reserved by minitensor but unallocated.{hint}")
 
     def _release_cached(self):
         """Wait for every pending block's events and cache it, then free every unsplit cached segment of the
@@ -101,8 +114,10 @@ class Segments:
                 if free_list.pool is not None and free_list.pool.use_count:
                     continue
                 for block in free_list.blocks():
-                    if block.prev is None and block.next is None:
+                    if block.prev is None and block.next is None and block.expandable is None:
                         self._release(block)
+                if free_list.expandable is not None:
+                    self._unmap_cached(free_list)
                 free_list.prune()
         self._events.destroy_spares()
         self._drop_unused_pools()
@@ -133,18 +148,25 @@ class Segments:
         if target <= 0:
             return
         candidates = [b for fl in self._large.values() if fl.pool is None for b in fl.blocks()
-                      if b.prev is None and b.next is None]
+                      if (b.prev is None and b.next is None) or b.expandable is not None]
         reclaimed = 0
         while candidates and reclaimed < target:
             average = sum(self._gc_lookups - b.gc_base for b in candidates) / len(candidates)
             keep = []
             for block in candidates:
                 if self._gc_lookups - block.gc_base >= average:
-                    reclaimed += block.size
-                    self._release(block)
+                    reclaimed += self._give_back(block)
                 else:
                     keep.append(block)
             candidates = keep
+
+    def _give_back(self, block):
+        """A cached block's memory back to the driver: its whole segment, or the whole pages inside a block of an
+        expandable segment. The bytes given back."""
+        if block.expandable is not None:
+            return self._unmap(block)
+        self._release(block)
+        return block.size
 
     def _release(self, block):
         """Give a cached whole segment back to the driver."""

@@ -5,7 +5,7 @@ The allocator settles its queued frees and walks the segments under its lock, bu
 another thread frees during the walk is QUEUED, and is shown as what it was when the lock was taken, allocated.
 So a snapshot is the allocator at one instant, and agrees with memory_stats() read at that instant.
 """
-from .block import ALLOCATED, FREE, PENDING, QUEUED
+from .block import ALLOCATED, FREE, PENDING, QUEUED, UNMAPPED
 from .history import SNAPSHOT
 
 _STATES = {ALLOCATED: "active_allocated", QUEUED: "active_allocated", PENDING: "active_pending_free",
@@ -13,12 +13,13 @@ _STATES = {ALLOCATED: "active_allocated", QUEUED: "active_allocated", PENDING: "
 
 
 def segment_dict(device, first, frames=None):
-    """The dict of the segment whose first block is `first` (walked through `next`); `frames(ptr)`, when given,
-    is the stack of the allocation at ptr (history.py)."""
+    """The dict of the segment whose first block is `first` (walked through `next`; in an expandable segment, one
+    run of mapped blocks, as torch shows them); `frames(ptr)`, when given, is the stack of the allocation at ptr
+    (history.py)."""
     blocks = []
     total = allocated = active = requested = 0
     block = first
-    while block is not None:
+    while block is not None and block.state != UNMAPPED:
         live = block.state == ALLOCATED or block.state == QUEUED
         blocks.append({"address": block.ptr, "size": block.size, "requested_size": block.requested,
                        "state": _STATES[block.state], "frames": frames(block.ptr) if frames and live else []})
@@ -33,7 +34,7 @@ def segment_dict(device, first, frames=None):
             "active_size": active, "requested_size": requested, "stream": first.stream,
             "segment_type": "small" if first.free_list.small else "large",
             "segment_pool_id": (0, 0) if first.free_list.pool is None else first.free_list.pool.id,
-            "is_expandable": False, "frames": [], "blocks": blocks}
+            "is_expandable": first.expandable is not None, "frames": [], "blocks": blocks}
 
 
 class Snapshots:
@@ -65,4 +66,11 @@ class Snapshots:
     def _segment_dicts(self, memo=None):
         history = self._history
         frames = None if history is None else (lambda ptr: history.frames(ptr, {} if memo is None else memo))
-        return [segment_dict(self.device, self._segments[ptr], frames) for ptr in sorted(self._segments)]
+        firsts = [*self._segments.values(), *(block for segment in self._expandable_segments()
+                                               for block in segment.blocks() if block.state != UNMAPPED
+                                               and (block.prev is None or block.prev.state == UNMAPPED))]
+        return [segment_dict(self.device, first, frames) for first in sorted(firsts, key=_address)]
+
+
+def _address(block):
+    return block.ptr

@@ -8,7 +8,7 @@ import platform
 import sys
 from dataclasses import dataclass
 
-from bench import allocator, copies, frameworks, graphs, history, report, serialization, startup
+from bench import allocator, copies, expandable, frameworks, graphs, history, report, serialization, startup
 from bench.cases import CASES, DEVICE, HOST
 from bench.startup import STARTUP_CASES
 from bench.targets import evaluate
@@ -110,7 +110,7 @@ def meta(mt, fws, args, cfg):
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "config": cfg.__dict__, "ratio": report.RATIO_HELP,
         "units": "host: us per call; device: s per launch and GB/s (bytes read + written); startup: s; "
-                 "graphs, history: each row's own unit",
+                 "graphs, history, expandable: each row's own unit",
     }
 
 
@@ -125,6 +125,7 @@ def print_results(info, rows, verdicts, sim):
         (HOST, report.host_section), (DEVICE, report.device_section), ("startup", report.startup_section),
         (serialization.KIND, serialization.section), (allocator.KIND, allocator.section),
         (copies.KIND, copies.section), (graphs.KIND, graphs.section), (history.KIND, history.section),
+        (expandable.KIND, expandable.section),
     ]
     for kind, section in sections:
         selected = [r for r in rows if r["kind"] == kind]
@@ -141,9 +142,10 @@ def print_results(info, rows, verdicts, sim):
 
 def print_summary(data):
     """The targets of an earlier run; before them its CUDA graph rows, whose "eager vs graph per op" and
-    allocation check no target holds, and its memory history rows (the settings and torch's figures beside
-    the targets')."""
-    for kind, section in ((graphs.KIND, graphs.section), (history.KIND, history.section)):
+    allocation check no target holds, and its memory history and expandable segments rows (the settings and
+    torch's figures beside the targets')."""
+    for kind, section in ((graphs.KIND, graphs.section), (history.KIND, history.section),
+                          (expandable.KIND, expandable.section)):
         rows = [r for r in data.get("results", []) if r["kind"] == kind]
         if rows:
             print(section(rows, data["targets"]))
@@ -180,6 +182,7 @@ def main(argv=None):
     rows += copies.run(fws, sim, lambda k, n: _selected(k, n, args.only), _new_row)
     rows += graphs.run(fws, sim, args.quick, lambda k, n: _selected(k, n, args.only), _new_row)
     rows += history.run(fws, sim, args.quick, lambda k, n: _selected(k, n, args.only), _new_row)
+    rows += expandable.run(fws, sim, lambda k, n: _selected(k, n, args.only), _new_row)
     verdicts = evaluate({r["key"]: r for r in rows}, sim)
     info = meta(mt_fw.module, fws, args, cfg)
 

@@ -6,7 +6,7 @@
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from bench.traces import TRACES
+from bench.traces import GROWING_BATCH, TRACES
 
 
 def _time(rows, key, fw):
@@ -78,6 +78,23 @@ def _history_ratio(key, setting="minitensor"):
     """A setting's host time with memory history on over its time with history off (bench/history.py)."""
     def measure(rows):
         return rows[key].get("history_ratio", {}).get(setting) if key in rows else None
+    return measure
+
+
+def _expandable_vs(key, other):
+    """minitensor's peak reserved over live peak with expandable segments as a fraction of the setting `other`'s
+    (bench/expandable.py; lower is better)."""
+    def measure(rows):
+        fragmentation = rows[key].get("fragmentation", {}) if key in rows else {}
+        mine, theirs = fragmentation.get("minitensor_expandable"), fragmentation.get(other)
+        return mine / theirs if mine and theirs else None
+    return measure
+
+
+def _expandable_ratio(key):
+    """minitensor's host time with expandable segments over its time with the default ones."""
+    def measure(rows):
+        return rows[key].get("expandable_ratio", {}).get("minitensor") if key in rows else None
     return measure
 
 
@@ -165,6 +182,16 @@ TARGETS = [
            _value("history.dump"), lambda v: v <= 500, "{:.1f} ms", gpu_only=True),
     *(Target(f"peak reserved: {t.name}", t.key, "<= torch's", _peak_vs_torch(t.key), lambda v: v <= 1.0,
              "{:.3f}x torch's") for t in TRACES),
+    *(Target(f"expandable: {t.name}", "expandable." + t.key.split(".", 1)[1], "<= torch expandable's",
+             _expandable_vs("expandable." + t.key.split(".", 1)[1], "torch_expandable"), lambda v: v <= 1.0,
+             "{:.3f}x torch expandable's") for t in (*TRACES, GROWING_BATCH)),
+    *(Target(f"expandable vs default: {t.name}", "expandable." + t.key.split(".", 1)[1], "<= minitensor default's",
+             _expandable_vs("expandable." + t.key.split(".", 1)[1], "minitensor"), lambda v: v <= 1.0,
+             "{:.3f}x default's") for t in (*TRACES, GROWING_BATCH)),
+    Target("empty(4096) + del, expandable / default", "expandable.empty_del", "<= 1.1x default",
+           _expandable_ratio("expandable.empty_del"), lambda v: v <= 1.1, "{:.2f}x default"),
+    Target("expandable segment growth vs torch", "expandable.growth", "<= torch's time",
+           _mt_over_torch("expandable.growth"), lambda v: v <= 1.0, "{:.2f}x torch time", gpu_only=True),
 ]
 
 

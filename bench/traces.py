@@ -135,6 +135,22 @@ def random_mix(scale):
     return t.ops
 
 
+def growing_batch(scale):
+    """Steps whose batch grows by one sample each (8 to 55), 24 layers deep: each step allocates its activations
+    at the new size (1, 2 and 4 times batch x 256 KiB), frees the previous step's, and keeps one in eight of its
+    own for good (a cache that grows with the batch). Each step's tensors are slightly larger than the holes the
+    last step left: torch's default allocator peaked at 4.98x the allocated bytes on such a trace."""
+    t = _Ops(scale)
+    previous, kept = [], []
+    for batch in range(8, 56):
+        acts = [t.alloc(m * batch * 256 * KiB) for _ in range(8) for m in (1, 2, 4)]
+        kept += acts[::8]
+        t.free(*previous)
+        previous = [a for i, a in enumerate(acts) if i % 8]
+    t.free(*previous, *kept)
+    return t.ops
+
+
 def _round_up(n, k):
     return -(-n // k) * k
 
@@ -152,3 +168,5 @@ TRACES = [
     Trace("memory.two_streams", "loader + compute streams", two_streams),
     Trace("memory.random", "random sizes and lifetimes", random_mix),
 ]
+# the trace expandable segments are for (bench/expandable.py); not one of the fragmentation targets above
+GROWING_BATCH = Trace("memory.growing_batch", "growing batch, 24 layers", growing_batch)

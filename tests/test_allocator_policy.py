@@ -279,7 +279,8 @@ def test_oom_message_and_counters():
     assert str(e.value) == (
         "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 64.00 MiB of which "
         "14.00 MiB is free. Of the allocated memory 50.00 MiB is allocated by minitensor, and 0 bytes is "
-        "reserved by minitensor but unallocated.")
+        "reserved by minitensor but unallocated. If reserved but unallocated memory is large try setting "
+        "MINITENSOR_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
     assert isinstance(e.value, RuntimeError)
     stats = a.memory_stats()
     assert stats["num_ooms"] == 1 and stats["num_alloc_retries"] == 1

@@ -332,7 +332,8 @@ def test_out_of_memory_during_capture_frees_nothing():
         r"CUDA out of memory\. Tried to allocate 40\.00 MiB\. GPU 0 has a total capacity of 64\.00 MiB of which "
         r"32\.00 MiB is free\. Of the allocated memory 4\.00 KiB is allocated by minitensor, with [0-9.]+ [KM]iB "
         r"allocated in private pools \(e\.g\., CUDA Graphs\), and 32\.00 MiB is reserved by minitensor but "
-        r"unallocated\.", str(e.value)), str(e.value)
+        r"unallocated\. If reserved but unallocated memory is large try setting "
+        r"MINITENSOR_ALLOC_CONF=expandable_segments:True to avoid fragmentation\.", str(e.value)), str(e.value)
     s = a.memory_stats()
     assert s["num_ooms"] == 1 and s["num_alloc_retries"] == 0 and s["num_sync_all_streams"] == 0
     with pytest.raises(OutOfMemoryError, match="allocated in private pools"):

@@ -46,8 +46,8 @@ RULES = [
 ]
 LAZY_MARK, MAX_LAZY = "# lazy: import cost", 10
 DRIVER_NAMES, DRIVER_CALLS = {"driver", "_driver"}, {"active_driver", "driver", "_driver"}
-DRIVER_IMPLEMENTATIONS = {"minitensor/backends/nvidia.py", "minitensor/backends/sim.py",
-                          "minitensor/backends/sim_graphs.py"}  # call their own helpers
+DRIVER_IMPLEMENTATIONS = {"minitensor/backends/nvidia.py", "minitensor/backends/sim.py",  # call their own helpers
+                          "minitensor/backends/sim_graphs.py", "minitensor/backends/sim_vmm.py"}
 NO_WAY_OUT = ("README.md", "docs", "minitensor", "kernels", "allocator")  # may not cite ../shared or reference/
 
 

@@ -292,7 +292,9 @@ def test_out_of_memory_message_and_recovery():
     size = r"(?:\d+\.\d\d [KMG]iB|\d+ bytes)"
     assert re.fullmatch(rf"CUDA out of memory\. Tried to allocate 800000000\.00 GiB\. GPU 0 has a total capacity of "
                         rf"{size} of which {size} is free\. Of the allocated memory {size} is allocated by "
-                        rf"minitensor, and {size} is reserved by minitensor but unallocated\.", message), message
+                        rf"minitensor, and {size} is reserved by minitensor but unallocated\. If reserved but "
+                        rf"unallocated memory is large try setting MINITENSOR_ALLOC_CONF=expandable_segments:True to "
+                        rf"avoid fragmentation\.", message), message
     assert isinstance(e.value, RuntimeError)
     with pytest.raises(RuntimeError, match="Tried to allocate more than 1EB memory"):
         mt.empty(1024 * 1024 * 1024 * 8000000000, dtype=mt.int8, device=DEV)

@@ -56,13 +56,26 @@ class Driver:
     def host_unregister(self, ptr): raise NotImplementedError
     def memcpy_async(self, dst, src, nbytes, stream): raise NotImplementedError
     # what holds an address another library gave: (device, start, nbytes) of the allocation or registration
-    # `ptr` lies in (device None for pinned host memory, which every device reaches), or None when none does
+    # `ptr` lies in (device None for pinned host memory, which every device reaches), or None when none does; in
+    # an expandable segment of ours, the run of mapped pages holding ptr
     def memory_range(self, ptr): raise NotImplementedError
     # between devices: can `device` reach `peer`'s memory directly; let it (once per pair); copy on `stream`
     # (a stream of the current device)
     def can_access_peer(self, device, peer): raise NotImplementedError
     def enable_peer_access(self, device, peer): raise NotImplementedError
     def memcpy_peer_async(self, dst, dst_device, src, src_device, nbytes, stream): raise NotImplementedError
+
+    # expandable segments (CUDA's virtual memory management): an address range reserved once, into which physical
+    # pages are mapped and unmapped again. Addresses and sizes are multiples of `vmm_granularity(device)`.
+    # vmm_map maps [ptr, ptr + nbytes) as pages of `page` bytes, each its own physical allocation so that any page
+    # can be unmapped later, and raises OutOfMemoryError, having mapped none of them, when the device is full;
+    # vmm_unmap first waits for the device's work (as free does; cuMemUnmap does not), then unmaps and releases
+    # whole pages; vmm_release gives back a reserved range with no page mapped. vmm_reserve returns the address.
+    def vmm_granularity(self, device): raise NotImplementedError
+    def vmm_reserve(self, device, nbytes): raise NotImplementedError
+    def vmm_map(self, device, ptr, nbytes, page): raise NotImplementedError
+    def vmm_unmap(self, device, ptr, nbytes): raise NotImplementedError
+    def vmm_release(self, device, ptr, nbytes): raise NotImplementedError
 
     # streams and events
     def stream_create(self, device, priority): raise NotImplementedError

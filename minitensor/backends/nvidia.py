@@ -21,6 +21,7 @@ _MODES = {"global": cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
           "thread_local": cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
           "relaxed": cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED}
 _RELAXED = _MODES["relaxed"]
+_INVALID_VALUE = cu.CUresult.CUDA_ERROR_INVALID_VALUE
 
 
 def _check(result):
@@ -43,6 +44,53 @@ def _code_string(code):
 def _error_string(err):
     e, s = cu.cuGetErrorString(err)
     return s.decode() if e == _SUCCESS and s else f"CUresult {int(err)}"
+
+
+def _invalid():
+    return CudaError(int(_INVALID_VALUE), _error_string(_INVALID_VALUE))
+
+
+def _check_memory(result):
+    """`_check` for a call that allocates device memory: CUDA's out of memory is OutOfMemoryError."""
+    if result[0] == _OOM:
+        raise OutOfMemoryError(f"CUDA error {int(_OOM)}: {_error_string(_OOM)}")
+    return _check(result)
+
+
+def _on_device(device):
+    """A CUmemLocation's (type, id) for `device`: where an expandable segment's pages live, and who reaches them."""
+    return cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE, device
+
+
+def _allocation_prop(device):
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type, prop.location.id = _on_device(device)
+    return prop
+
+
+def _read_write(device):
+    desc = cu.CUmemAccessDesc()
+    desc.location.type, desc.location.id = _on_device(device)
+    desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return desc
+
+
+def _pointer_attribute(name, ptr):
+    return _check(cu.cuPointerGetAttribute(getattr(cu.CUpointer_attribute, "CU_POINTER_ATTRIBUTE_" + name), ptr))
+
+
+def _device_range(ptr):
+    """(device or None for host memory, start, size) of the allocation, mapping or registration holding ptr, as
+    cuPointerGetAttribute reports it, or None."""
+    err, start = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr)
+    if err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:
+        return None
+    _check((err,))
+    nbytes = int(_pointer_attribute("RANGE_SIZE", ptr))
+    if int(_pointer_attribute("MEMORY_TYPE", ptr)) == int(cu.CUmemorytype.CU_MEMORYTYPE_HOST):
+        return None, int(start), nbytes
+    return int(_pointer_attribute("DEVICE_ORDINAL", ptr)), int(start), nbytes
 
 
 def _query(function, handle):
@@ -79,6 +127,9 @@ class NvidiaDriver(Driver):
         self._devices = [_check(cu.cuDeviceGet(i)) for i in range(self._count)]
         self._contexts = [None] * self._count
         self._properties = [None] * self._count
+        self._granularity = [None] * self._count
+        self._vmm_reserved = [{} for _ in range(self._count)]  # per device: reserved range's address -> size
+        self._vmm_handles = [{} for _ in range(self._count)]  # per device: mapped page -> (its cuMemCreate, size)
         self._lock = threading.Lock()
         self._tls = ThreadDevice()
         self._prepare_first_op = prepare_first_op
@@ -170,19 +221,29 @@ class NvidiaDriver(Driver):
         _check(cu.cuMemHostUnregister(ptr))
 
     def memory_range(self, ptr):
-        """cuPointerGetAttribute: CUDA_ERROR_INVALID_VALUE when no allocation, mapping or registration holds ptr."""
+        """In one of our expandable segments, the run of mapped pages holding ptr (CUDA would report the whole
+        reserved range, mapped or not); elsewhere cuPointerGetAttribute's range, None where it finds nothing (so
+        another library's expandable segment is its reserved range)."""
+        with self._lock:
+            for device, reserved in enumerate(self._vmm_reserved):
+                if any(base <= ptr < base + size for base, size in reserved.items()):
+                    return self._mapped_run(device, ptr)
         self.current_device()  # the query needs a current context
-        attribute = cu.CUpointer_attribute
-        err, start = cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr)
-        if err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:
+        return _device_range(ptr)
+
+    def _mapped_run(self, device, ptr):
+        """(device, start, size) of the run of mapped pages holding ptr, or None. The caller holds `_lock`."""
+        pages = self._vmm_handles[device]
+        start = next((at for at, (_, size) in pages.items() if at <= ptr < at + size), None)
+        if start is None:
             return None
-        _check((err,))
-        nbytes = _check(cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr))
-        kind = _check(cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr))
-        if int(kind) == int(cu.CUmemorytype.CU_MEMORYTYPE_HOST):
-            return None, int(start), int(nbytes)
-        return int(_check(cu.cuPointerGetAttribute(attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr))), \
-            int(start), int(nbytes)
+        ends = {at + size: at for at, (_, size) in pages.items()}
+        end = start + pages[start][1]
+        while start in ends:
+            start = ends[start]
+        while end in pages:
+            end += pages[end][1]
+        return device, start, end - start
 
     def memcpy_async(self, dst, src, nbytes, stream):
         self.current_device()
@@ -205,6 +266,88 @@ class NvidiaDriver(Driver):
         self.current_device()
         _check(cu.cuMemcpyPeerAsync(dst, self._contexts[dst_device], src, self._contexts[src_device], nbytes,
                                     stream))
+
+    # ------------------------------------------------------------------ expandable segments
+    def vmm_granularity(self, device):
+        granularity = self._granularity[device]
+        if granularity is None:
+            minimum = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+            granularity = int(_check(cu.cuMemGetAllocationGranularity(_allocation_prop(device), minimum)))
+            self._granularity[device] = granularity
+        return granularity
+
+    def vmm_reserve(self, device, nbytes):
+        """Relaxed, as malloc: a graph's private pool may grow while a stream captures."""
+        self.set_device(device)
+        ptr = int(_check(_relaxed(cu.cuMemAddressReserve, nbytes, 0, 0, 0)))
+        with self._lock:
+            self._vmm_reserved[device][ptr] = nbytes
+        return ptr
+
+    def vmm_map(self, device, ptr, nbytes, page):
+        """Each page is its own cuMemCreate, mapped alone, so any one can be unmapped later; one cuMemSetAccess
+        then opens the range to the device. Relaxed, as malloc."""
+        self.set_device(device)
+        granularity = self.vmm_granularity(device)
+        if page <= 0 or page % granularity or ptr % granularity or nbytes <= 0 or nbytes % page:
+            raise _invalid()
+        starts = range(ptr, ptr + nbytes, page)
+        with self._lock:
+            reserved = self._vmm_reserved[device].items()
+            inside = any(base <= ptr and ptr + nbytes <= base + size for base, size in reserved)
+            if not inside or any(self._vmm_mapping(device, start, start + page) for start in starts):
+                raise _invalid()
+        handles = _relaxed(self._map_pages, device, starts)
+        with self._lock:
+            self._vmm_handles[device].update((start, (handle, page)) for start, handle in zip(starts, handles))
+
+    def _map_pages(self, device, starts):
+        """The handles of the pages created and mapped at `starts`. On a failure part-way (out of memory, most
+        likely) what this call mapped and created is undone first, so nothing is left half-mapped."""
+        page, prop, created, mapped = starts.step, _allocation_prop(device), [], []
+        try:
+            for start in starts:
+                created.append(_check_memory(cu.cuMemCreate(page, prop, 0)))
+                _check_memory(cu.cuMemMap(start, page, 0, created[-1], 0))
+                mapped.append(start)
+            _check_memory(cu.cuMemSetAccess(starts.start, len(starts) * page, [_read_write(device)], 1))
+        except BaseException:
+            for start in mapped:
+                cu.cuMemUnmap(start, page)
+            for handle in created:
+                cu.cuMemRelease(handle)
+            raise
+        return created
+
+    def vmm_unmap(self, device, ptr, nbytes):
+        """cuMemFree waits for the device's work but cuMemUnmap does not: synchronize first, so no queued kernel
+        touches a page after it is released."""
+        self.synchronize(device)
+        with self._lock:
+            handles, at = self._vmm_handles[device], ptr
+            pages = []
+            while at < ptr + nbytes and at in handles:
+                pages.append((at, *handles[at]))
+                at += handles[at][1]
+            if nbytes <= 0 or at != ptr + nbytes:  # whole pages this driver mapped, and only those
+                raise _invalid()
+            for start, _, _ in pages:
+                del handles[start]
+        for start, handle, page in pages:
+            _check(cu.cuMemUnmap(start, page))
+            _check(cu.cuMemRelease(handle))
+
+    def vmm_release(self, device, ptr, nbytes):
+        with self._lock:
+            if self._vmm_reserved[device].get(ptr) != nbytes or self._vmm_mapping(device, ptr, ptr + nbytes):
+                raise _invalid()
+            del self._vmm_reserved[device][ptr]
+        self.set_device(device)
+        _check(cu.cuMemAddressFree(ptr, nbytes))
+
+    def _vmm_mapping(self, device, start, end):
+        """Whether a page this driver mapped on `device` overlaps [start, end). The caller holds `_lock`."""
+        return any(at < end and start < at + page for at, (_, page) in self._vmm_handles[device].items())
 
     # ------------------------------------------------------------------ streams
     def stream_create(self, device, priority):

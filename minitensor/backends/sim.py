@@ -29,6 +29,7 @@ from ..base.errors import CudaError, OutOfMemoryError
 from .base import DeviceProperties, Driver, ThreadDevice
 from .sim_graphs import SimGraphs, capture_error
 from .sim_memory import ALIGNMENT, Arena
+from .sim_vmm import SimVmm
 
 _ERRORS = {
     0: "no error",
@@ -167,7 +168,7 @@ def _env_int(name, default, least, what):
     return value
 
 
-class SimDriver(SimGraphs, Driver):
+class SimDriver(SimGraphs, SimVmm, Driver):
     name = "sim"
     interprets_kernels = True
     host_waits = True  # a stream is a host thread: it can sleep, or wait for a gate, itself
@@ -187,6 +188,7 @@ class SimDriver(SimGraphs, Driver):
         self._next_handle = 0x1000
         self._host = {}  # host_alloc'd address -> mmap
         self._registered = {}  # host_register'd address -> nbytes
+        self._reservations = {}  # expandable segments (sim_vmm.py): base address -> Reservation
         atexit.register(self._close_streams)
 
     def _close_streams(self):
@@ -286,7 +288,7 @@ class SimDriver(SimGraphs, Driver):
                 raise CudaError(1, _ERRORS[1])
 
     def _is_pageable(self, ptr):
-        if any(arena is not None and arena.contains(ptr) for arena in self._arenas):
+        if any(arena is not None and arena.contains(ptr) for arena in self._arenas) or self._vmm_range(ptr):
             return False
         with self._lock:
             if ptr in self._host or ptr in self._registered:
@@ -295,6 +297,9 @@ class SimDriver(SimGraphs, Driver):
                 not any(base <= ptr < base + n for base, n in self._registered.items())
 
     def memory_range(self, ptr):
+        found = self._vmm_range(ptr)
+        if found is not None:
+            return found
         for device, arena in enumerate(self._arenas):
             if arena is not None and arena.contains(ptr):
                 found = arena.allocation(ptr)

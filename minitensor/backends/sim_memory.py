@@ -1,4 +1,5 @@
-"""The simulated device's memory (backends/sim.py): one reserved anonymous mapping per device, cut first-fit."""
+"""The simulated device's memory (backends/sim.py): one reserved anonymous mapping per device, cut first-fit; the
+pages mapped into expandable segments (sim_vmm.py) count against the same capacity."""
 import ctypes
 import mmap
 import threading
@@ -24,6 +25,8 @@ class Arena:
     def malloc(self, nbytes):
         size = -(-nbytes // ALIGNMENT) * ALIGNMENT
         with self.lock:
+            if self.used + size > self.capacity:  # expandable segments hold the rest
+                return None
             for i, (offset, length) in enumerate(self.free_ranges):
                 if length >= size:
                     if length == size:
@@ -34,6 +37,18 @@ class Arena:
                     self.used += size
                     return self.base + offset
         return None
+
+    def charge(self, nbytes):
+        """Count `nbytes` of expandable-segment pages as used, if the capacity has room for them."""
+        with self.lock:
+            if self.used + nbytes > self.capacity:
+                return False
+            self.used += nbytes
+            return True
+
+    def uncharge(self, nbytes):
+        with self.lock:
+            self.used -= nbytes
 
     def free(self, ptr):
         offset = ptr - self.base

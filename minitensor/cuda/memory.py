@@ -40,7 +40,7 @@ def allocator(index):
             if a is None:
                 cls = UncachedAllocator if _no_caching() else DeviceCachingAllocator
                 driver = active_driver()
-                a = cls(driver, index, _checked(allocator_settings.current()))
+                a = cls(driver, index, allocator_settings.current())
                 if _history_options is not None:
                     a.record_history(allocator_history.History(*_history_options))
                 a.oom_observer = _oom_observer(index)
@@ -171,17 +171,13 @@ def get_per_process_memory_fraction(device=None):
 
 def set_allocator_settings(settings):
     """Apply a torch-style settings string, e.g. "max_split_size_mb:128,garbage_collection_threshold:0.8"."""
-    new = _checked(allocator_settings.update(settings))
+    new = allocator_settings.update(settings)
     for a in list(_allocators.values()):
         a.configure(new)
     host_memory.configure(new)
 
 
-def _checked(settings):
-    if settings.expandable_segments:
-        warnings.warn("expandable_segments:True is not supported by minitensor (the driver interface has no "
-                      "virtual memory mapping); segments keep their size", RuntimeWarning, stacklevel=3)
-    return settings
+_set_allocator_settings = set_allocator_settings  # torch.cuda.memory's name
 
 
 # ---------------------------------------------------------------------------- memory history (allocator/history.py)
