@@ -13,10 +13,10 @@
  * frame it passes, and the frames between the user and the allocator are new on every call; on 3.11 to 3.13 the
  * walk reads the interpreter's frames as PyFrame_GetBack itself does (skipping incomplete ones) and makes
  * nothing, other versions take the public walk. Keeping a new stack per entry cost more than walking it: the
- * same call site gives the same stack, so the history's `stacks` dict maps a hash of the frames' code addresses
- * and positions to the one stack object made for them, checked frame by frame when found (its codes are held,
- * so an equal address is the same code). Past `max_interned` stacks the table starts over (stacks already taken
- * stay valid; later ones are just not shared with them).
+ * same call site gives the same stack, so the recorder's table (Table, `max_interned` slots) keeps the one stack
+ * object made for a hash of the frames' code addresses and positions, checked frame by frame when found (its
+ * codes are held, so an equal address is the same code). A completed free is one entry, "free", that history.py
+ * reads back as torch's two.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,6 +34,31 @@
 
 #define MAX_FRAMES 1024 /* deeper stacks (past the default recursion limit) keep their innermost frames */
 
+#define OWN_VERDICTS 16
+
+/* Which frames are the allocator's own: its files, and the verdicts on the code objects asked about last (a set
+ * lookup per frame cost a tenth of recording). The cache holds its code objects, so no address is reused. */
+typedef struct {
+    PyObject *files; /* frozenset of file names */
+    PyCodeObject *codes[OWN_VERDICTS];
+    char mine[OWN_VERDICTS];
+    int next;
+} Own;
+
+static int is_own(Own *own, PyCodeObject *code) {
+    for (int i = 0; i < OWN_VERDICTS; i++) {
+        if (own->codes[i] == code) return own->mine[i];
+    }
+    int mine = PySet_Contains(own->files, code->co_filename);
+    if (mine < 0) return -1;
+    Py_INCREF(code);
+    Py_XDECREF(own->codes[own->next]);
+    own->codes[own->next] = code;
+    own->mine[own->next] = (char)mine;
+    own->next = (own->next + 1) % OWN_VERDICTS;
+    return mine;
+}
+
 typedef struct {
     PyCodeObject *codes[MAX_FRAMES]; /* borrowed: each executing frame holds its code */
     int32_t positions[MAX_FRAMES];
@@ -42,9 +67,9 @@ typedef struct {
 } Walk;
 
 /* Adds one frame: 1 when the walk is full, -1 with an exception set on failure. */
-static int add(Walk *walk, PyObject *own, PyCodeObject *code, int32_t position) {
+static int add(Walk *walk, Own *own, PyCodeObject *code, int32_t position) {
     if (walk->skipping) {
-        int mine = PySet_Contains(own, code->co_filename);
+        int mine = is_own(own, code);
         if (mine != 0) return mine < 0 ? -1 : 0; /* failed, or one of the allocator's own frames */
         walk->skipping = 0;
     }
@@ -54,7 +79,7 @@ static int add(Walk *walk, PyObject *own, PyCodeObject *code, int32_t position) 
 }
 
 #ifdef INTERNAL_FRAMES
-static int walk_frames(Walk *walk, PyObject *own) {
+static int walk_frames(Walk *walk, Own *own) {
     PyThreadState *thread = PyThreadState_Get();
 #if PY_VERSION_HEX >= 0x030D0000
     _PyInterpreterFrame *frame = thread->current_frame;
@@ -74,7 +99,7 @@ static int walk_frames(Walk *walk, PyObject *own) {
     return status < 0 ? -1 : 0;
 }
 #else
-static int walk_frames(Walk *walk, PyObject *own) {
+static int walk_frames(Walk *walk, Own *own) {
     PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
     Py_XINCREF(frame);
     int status = 0;
@@ -117,10 +142,23 @@ static int same_frames(PyObject *stack, Walk *walk) {
     return 1;
 }
 
-/* The caller's stack, interned in `table` under a hash of its code addresses and positions (a stack found there
- * is compared frame by frame; one whose hash collides replaces it): a new reference, or NULL with an exception
- * set. */
-static PyObject *interned_stack(PyObject *own, PyObject *table, Py_ssize_t max_interned) {
+/* The intern table: `slots` entries, each a stack and the hash of its frames, found by hash modulo slots and the
+ * next PROBES slots; a new stack takes a free one of them, else its first (the stack there stays valid for whoever
+ * holds it, just no longer shared). */
+#define PROBES 4
+
+typedef struct {
+    uint64_t hash;
+    PyObject *stack; /* a (codes, positions) tuple, or NULL */
+} Interned;
+
+typedef struct {
+    Interned *entries;
+    Py_ssize_t slots, count;
+} Table;
+
+/* The caller's stack, interned in `table`: a new reference, or NULL with an exception set. */
+static PyObject *interned_stack(Own *own, Table *table) {
     Walk walk; /* 12 KiB of the C stack */
     walk.n = 0;
     walk.skipping = 1;
@@ -130,17 +168,21 @@ static PyObject *interned_stack(PyObject *own, PyObject *table, Py_ssize_t max_i
         hash = (hash ^ (uint64_t)(uintptr_t)walk.codes[i]) * 1099511628211ULL;
         hash = (hash ^ (uint64_t)(uint32_t)walk.positions[i]) * 1099511628211ULL;
     }
-    PyObject *key = PyLong_FromUnsignedLongLong(hash);
-    if (key == NULL) return NULL;
-    PyObject *found = PyDict_GetItemWithError(table, key); /* borrowed */
-    if (found != NULL && same_frames(found, &walk)) {
-        Py_DECREF(key);
-        return Py_NewRef(found);
+    Py_ssize_t first = (Py_ssize_t)(hash % (uint64_t)table->slots), free_slot = -1;
+    for (Py_ssize_t probe = 0; probe < PROBES && probe < table->slots; probe++) {
+        Interned *entry = &table->entries[(first + probe) % table->slots];
+        if (entry->stack == NULL) {
+            if (free_slot < 0) free_slot = (first + probe) % table->slots;
+        } else if (entry->hash == hash && same_frames(entry->stack, &walk)) {
+            return Py_NewRef(entry->stack);
+        }
     }
-    PyObject *made = PyErr_Occurred() ? NULL : stack_object(&walk);
-    if (made != NULL && PyDict_GET_SIZE(table) >= max_interned) PyDict_Clear(table);
-    if (made != NULL && PyDict_SetItem(table, key, made) < 0) Py_CLEAR(made);
-    Py_DECREF(key);
+    PyObject *made = stack_object(&walk);
+    if (made == NULL) return NULL;
+    Interned *entry = &table->entries[free_slot < 0 ? first : free_slot];
+    if (entry->stack == NULL) table->count++;
+    Py_XSETREF(entry->stack, Py_NewRef(made));
+    entry->hash = hash;
     return made;
 }
 
@@ -149,23 +191,32 @@ typedef struct {
     PyObject_HEAD
     PyObject *trace;  /* list of FIELDS slots per entry, or None (enabled="state") */
     PyObject *live;   /* dict: address -> stack of each allocated block, or None (context=None) */
-    PyObject *stacks; /* dict: the intern table */
-    PyObject *own;    /* frozenset of the allocator's own file names */
+    Table stacks;     /* the interned stacks */
+    Own own;          /* the allocator's own frames */
     int alloc_stacks, free_stacks;
     Py_ssize_t keep; /* slots kept when the trace passes twice as many */
-    Py_ssize_t max_interned; /* stacks in `stacks` before it starts over */
 } Recorder;
 
-static PyObject *ALLOC, *FREE_REQUESTED, *FREE_COMPLETED, *NO_FRAMES;
+static PyObject *ALLOC, *FREE_REQUESTED, *FREED, *NO_FRAMES;
 
 static int recorder_init(Recorder *self, PyObject *args, PyObject *kwargs) {
-    PyObject *trace, *live, *stacks, *own;
-    if (!PyArg_ParseTuple(args, "OOO!O!ppnn:Recorder", &trace, &live, &PyDict_Type, &stacks, &PyFrozenSet_Type,
-                          &own, &self->alloc_stacks, &self->free_stacks, &self->keep, &self->max_interned)) {
+    PyObject *trace, *live, *own;
+    if (self->trace != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a Recorder is initialized once");
         return -1;
     }
-    if ((trace != Py_None && !PyList_Check(trace)) || (live != Py_None && !PyDict_Check(live)) || self->keep < 1) {
-        PyErr_SetString(PyExc_TypeError, "Recorder(trace list or None, live dict or None, stacks, own, ...)");
+    if (!PyArg_ParseTuple(args, "OOO!ppnn:Recorder", &trace, &live, &PyFrozenSet_Type, &own, &self->alloc_stacks,
+                          &self->free_stacks, &self->keep, &self->stacks.slots)) {
+        return -1;
+    }
+    if ((trace != Py_None && !PyList_Check(trace)) || (live != Py_None && !PyDict_Check(live)) || self->keep < 1 ||
+        self->stacks.slots < 1) {
+        PyErr_SetString(PyExc_TypeError, "Recorder(trace list or None, live dict or None, own, ...)");
+        return -1;
+    }
+    self->stacks.entries = PyMem_Calloc(self->stacks.slots, sizeof(Interned));
+    if (self->stacks.entries == NULL) {
+        PyErr_NoMemory();
         return -1;
     }
     if (trace != Py_None && PyObject_GC_IsTracked(trace)) {
@@ -176,12 +227,10 @@ static int recorder_init(Recorder *self, PyObject *args, PyObject *kwargs) {
     }
     Py_INCREF(trace);
     Py_INCREF(live);
-    Py_INCREF(stacks);
     Py_INCREF(own);
-    Py_XSETREF(self->trace, trace);
-    Py_XSETREF(self->live, live);
-    Py_XSETREF(self->stacks, stacks);
-    Py_XSETREF(self->own, own);
+    self->trace = trace;
+    self->live = live;
+    self->own.files = own;
     return 0;
 }
 
@@ -189,8 +238,12 @@ static int recorder_init(Recorder *self, PyObject *args, PyObject *kwargs) {
 static void recorder_dealloc(Recorder *self) {
     Py_XDECREF(self->trace);
     Py_XDECREF(self->live);
-    Py_XDECREF(self->stacks);
-    Py_XDECREF(self->own);
+    for (Py_ssize_t i = 0; self->stacks.entries != NULL && i < self->stacks.slots; i++) {
+        Py_XDECREF(self->stacks.entries[i].stack);
+    }
+    PyMem_Free(self->stacks.entries);
+    Py_XDECREF(self->own.files);
+    for (int i = 0; i < OWN_VERDICTS; i++) Py_XDECREF(self->own.codes[i]);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -217,7 +270,7 @@ static PyObject *recorder_alloc(Recorder *self, PyObject *const *args, Py_ssize_
     }
     PyObject *stack = NULL, *time = NULL;
     if (self->live != Py_None) {
-        stack = interned_stack(self->own, self->stacks, self->max_interned);
+        stack = interned_stack(&self->own, &self->stacks);
         if (stack == NULL || PyDict_SetItem(self->live, args[0], stack) < 0) goto failed;
     }
     if (self->trace != Py_None) {
@@ -250,13 +303,12 @@ static PyObject *recorder_free(Recorder *self, PyObject *const *args, Py_ssize_t
     if (completed < 0) return NULL;
     PyObject *time = now_ns();
     if (time == NULL) return NULL;
-    PyObject *stack = self->free_stacks ? interned_stack(self->own, self->stacks, self->max_interned) : Py_NewRef(NO_FRAMES);
+    PyObject *stack = self->free_stacks ? interned_stack(&self->own, &self->stacks) : Py_NewRef(NO_FRAMES);
     int status = -1;
     if (stack != NULL) {
-        PyObject *ptr = args[0], *size = args[1], *stream = args[2], *pool_id = args[3];
-        PyObject *slots[] = {FREE_REQUESTED, ptr, size, stream, time, stack, pool_id, Py_None,
-                             FREE_COMPLETED, ptr, size, stream, time, NO_FRAMES, pool_id, Py_None};
-        status = append(self, slots, completed ? 16 : 8);
+        PyObject *slots[] = {completed ? FREED : FREE_REQUESTED, args[0], args[1], args[2], time, stack, args[3],
+                             Py_None};
+        status = append(self, slots, 8);
     }
     Py_XDECREF(stack);
     Py_DECREF(time);
@@ -264,7 +316,12 @@ static PyObject *recorder_free(Recorder *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
+static PyObject *recorder_interned(Recorder *self, PyObject *unused) {
+    return PyLong_FromSsize_t(self->stacks.count);
+}
+
 static PyMethodDef recorder_methods[] = {
+    {"interned", (PyCFunction)recorder_interned, METH_NOARGS, "interned(): how many stacks the table holds"},
     {"alloc", (PyCFunction)(void (*)(void))recorder_alloc, METH_FASTCALL, "alloc(ptr, size, stream, pool_id)"},
     {"free", (PyCFunction)(void (*)(void))recorder_free, METH_FASTCALL,
      "free(ptr, size, stream, pool_id, completed)"},
@@ -275,7 +332,7 @@ static PyTypeObject RecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_minitensor_recorder.Recorder",
     .tp_basicsize = sizeof(Recorder),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Recorder(trace, live, stacks, own, alloc_stacks, free_stacks, keep, max_interned): see _recorder.c",
+    .tp_doc = "Recorder(trace, live, own, alloc_stacks, free_stacks, keep, max_interned): see _recorder.c",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)recorder_init,
     .tp_dealloc = (destructor)recorder_dealloc,
@@ -287,9 +344,9 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_minitensor_reco
 PyMODINIT_FUNC PyInit__minitensor_recorder(void) {
     ALLOC = PyUnicode_InternFromString("alloc");
     FREE_REQUESTED = PyUnicode_InternFromString("free_requested");
-    FREE_COMPLETED = PyUnicode_InternFromString("free_completed");
+    FREED = PyUnicode_InternFromString("free");
     NO_FRAMES = PyTuple_New(0);
-    if (!ALLOC || !FREE_REQUESTED || !FREE_COMPLETED || !NO_FRAMES) return NULL;
+    if (!ALLOC || !FREE_REQUESTED || !FREED || !NO_FRAMES) return NULL;
     if (PyType_Ready(&RecorderType) < 0) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;

@@ -21,11 +21,12 @@ from minitensor.base import cext
 ALLOC, FREE_REQUESTED, FREE_COMPLETED = "alloc", "free_requested", "free_completed"
 SEGMENT_ALLOC, SEGMENT_FREE, OOM, SNAPSHOT = "segment_alloc", "segment_free", "oom", "snapshot"
 SEGMENT_MAP, SEGMENT_UNMAP = "segment_map", "segment_unmap"  # pages of an expandable segment (expandable.py)
+FREED = "free"  # a free completed at once, kept as one entry: torch's free_requested and free_completed
 ENABLED = ("all", "state", None)
 CONTEXTS = ("all", "alloc", "state", None)
 STACKS = ("python", "all")
 FIELDS = 8  # a trace entry's slots: action, address, size, stream, time in ns, stack, pool id, free device bytes
-MAX_INTERNED = 65536  # stacks in an intern table before it starts over
+MAX_INTERNED = 8192  # stacks a recorder keeps for reuse (the C table's slots; the Python one starts over)
 _NO_FRAMES = ()
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _OWN = frozenset(glob.glob(os.path.join(_HERE, "*.py")))  # the allocator's modules: not part of a stack
@@ -57,8 +58,8 @@ class PythonRecorder:
 
     __slots__ = ("trace", "live", "stacks", "own", "alloc_stacks", "free_stacks", "keep", "max_interned")
 
-    def __init__(self, trace, live, stacks, own, alloc_stacks, free_stacks, keep, max_interned):
-        self.trace, self.live, self.stacks, self.own = trace, live, stacks, own
+    def __init__(self, trace, live, own, alloc_stacks, free_stacks, keep, max_interned):
+        self.trace, self.live, self.stacks, self.own = trace, live, {}, own
         self.alloc_stacks, self.free_stacks = alloc_stacks, free_stacks
         self.keep, self.max_interned = keep, max_interned
 
@@ -75,9 +76,11 @@ class PythonRecorder:
         if self.trace is not None:
             now = time.time_ns()
             stack = _python_stack(self.own, self.stacks, self.max_interned) if self.free_stacks else _NO_FRAMES
-            requested = (FREE_REQUESTED, ptr, size, stream, now, stack, pool_id, None)
-            self._append(requested + (FREE_COMPLETED, ptr, size, stream, now, _NO_FRAMES, pool_id, None)
-                         if completed else requested)
+            self._append((FREED if completed else FREE_REQUESTED, ptr, size, stream, now, stack, pool_id, None))
+
+    def interned(self):
+        """How many stacks the intern table holds."""
+        return len(self.stacks)
 
     def _append(self, slots):
         trace = self.trace
@@ -98,12 +101,12 @@ def _load_recorder_type():
 class History:
     """One allocator's history: what its recorder keeps, read back as torch's dicts. `trace` (None with
     enabled="state"): FIELDS slots per entry, oldest first, `max_entries` entries once trimmed (it grows to twice
-    that between trims, so a trim is rare); `live`: address -> stack of each allocated block, while stacks of live
-    allocations are kept; `stacks`: the recorder's intern table. The allocator calls `alloc(ptr, size, stream,
+    that between trims, so a trim is rare; a FREED entry reads back as two); `live`: address -> stack of each
+    allocated block, while stacks of live allocations are kept. The allocator calls `alloc(ptr, size, stream,
     pool_id)` when it hands a block out, `free(ptr, size, stream, pool_id, completed)` when the owner frees it
     (`completed`: reusable at once, no other stream used it), and `event` for entries without a stack."""
 
-    __slots__ = ("trace", "live", "stacks", "keep", "alloc", "free")
+    __slots__ = ("trace", "live", "keep", "alloc", "free")
 
     def __init__(self, enabled="all", context="all", max_entries=sys.maxsize):
         if enabled not in ENABLED[:2]:
@@ -114,10 +117,9 @@ class History:
             raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
         self.trace = [] if enabled == "all" else None
         self.live = {} if context is not None else None
-        self.stacks = {}
         self.keep = FIELDS * min(max_entries, sys.maxsize // (2 * FIELDS))  # slots; twice it fits a C size
         _load_recorder_type()
-        recorder = _recorder_type(self.trace, self.live, self.stacks, _OWN, enabled == "all" and context in (
+        recorder = _recorder_type(self.trace, self.live, _OWN, enabled == "all" and context in (
             "alloc", "all"), enabled == "all" and context == "all", self.keep, MAX_INTERNED)
         self.alloc, self.free = recorder.alloc, recorder.free  # bound here: the allocator calls them directly
 
@@ -149,14 +151,16 @@ class History:
         out = []
         for i in range(0, len(slots), FIELDS):
             action, ptr, size, stream, time_ns, stack, pool_id, device_free = slots[i:i + FIELDS]
-            entry = {"action": action, "addr": ptr, "size": size, "stream": stream, "time_us": time_ns // 1000,
-                     "frames": frame_dicts(stack, memo) if stack else []}
+            entry = {"action": FREE_REQUESTED if action == FREED else action, "addr": ptr, "size": size,
+                     "stream": stream, "time_us": time_ns // 1000, "frames": frame_dicts(stack, memo) if stack else []}
             if pool_id is not None:
                 entry["pool_id"] = pool_id
             if device_free is not None:
                 entry["device_free"] = device_free
             out.append(entry)
-        return out
+            if action == FREED:
+                out.append({**entry, "action": FREE_COMPLETED, "frames": []})
+        return out[-(self.keep // FIELDS):]  # a FREED entry is two of torch's
 
 
 _frame_dicts = {}  # (id(code), position) -> (code, its frame dict): one dict per distinct frame
