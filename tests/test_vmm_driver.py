@@ -14,6 +14,7 @@ import pytest
 
 import minitensor as mt
 from minitensor.backends import active_driver
+from minitensor.backends.sim_vmm import ADDRESS_LIMIT
 from minitensor.base.errors import CudaError, OutOfMemoryError
 from minitensor.interop import checks
 
@@ -225,6 +226,15 @@ def test_reserve_refuses_sizes_not_whole_pages(seg):
         invalid(driver.vmm_reserve, device, nbytes)
     with pytest.raises(CudaError, match="invalid device ordinal"):
         driver.vmm_reserve(driver.device_count(), page)
+
+
+@sim_only
+def test_reserve_refuses_past_the_address_space(seg):
+    base = seg.reserve(1)
+    with pytest.raises(CudaError, match="out of memory .* address space") as caught:
+        seg.driver.vmm_reserve(seg.device, ADDRESS_LIMIT)  # with the page already reserved: one page too many
+    assert caught.value.code == 2
+    seg.map(base, 1)  # the reservation already made is untouched
 
 
 @sim_only

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..base.errors import CudaError, OutOfMemoryError
 
 GRANULARITY = 2 << 20  # an H100's minimum granularity
+ADDRESS_LIMIT = 1 << 40  # address space a device's reservations may take together (a GPU's is large but finite)
 _PROT_NONE, _READ_WRITE = 0, mmap.PROT_READ | mmap.PROT_WRITE
 _MAP_NORESERVE = 0x4000  # Linux's value; Python's mmap module names it only from 3.13
 _MAP_FAILED = 2**64 - 1
@@ -76,6 +77,11 @@ class SimVmm:
             raise CudaError(101, "invalid device ordinal")
         if nbytes <= 0 or nbytes % GRANULARITY:
             raise _invalid()
+        with self._lock:
+            taken = sum(r.size for r in self._reservations.values() if r.device == device)
+        if taken + nbytes > ADDRESS_LIMIT:
+            raise CudaError(2, f"out of memory (the simulated device {device} has {ADDRESS_LIMIT} bytes of address "
+                               f"space for expandable segments, {taken} of them reserved)")
         base = _reserve_aligned(nbytes)
         with self._lock:
             self._reservations[base] = Reservation(device, base, nbytes)
