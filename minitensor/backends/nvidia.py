@@ -13,6 +13,7 @@ from cuda.bindings import driver as cu
 
 from ..base.errors import CudaError, OutOfMemoryError
 from .base import DeviceProperties, Driver, ThreadDevice
+from .mapped_pages import MappedPages
 
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
 _OOM = cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
@@ -129,7 +130,8 @@ class NvidiaDriver(Driver):
         self._properties = [None] * self._count
         self._granularity = [None] * self._count
         self._vmm_reserved = [{} for _ in range(self._count)]  # per device: reserved range's address -> size
-        self._vmm_handles = [{} for _ in range(self._count)]  # per device: mapped page -> (its cuMemCreate, size)
+        self._vmm_pages = [MappedPages() for _ in range(self._count)]  # per device: mapped page -> size
+        self._vmm_handles = [{} for _ in range(self._count)]  # per device: mapped page -> its cuMemCreate
         self._lock = threading.Lock()
         self._tls = ThreadDevice()
         self._prepare_first_op = prepare_first_op
@@ -227,23 +229,10 @@ class NvidiaDriver(Driver):
         with self._lock:
             for device, reserved in enumerate(self._vmm_reserved):
                 if any(base <= ptr < base + size for base, size in reserved.items()):
-                    return self._mapped_run(device, ptr)
+                    run = self._vmm_pages[device].run(ptr)
+                    return None if run is None else (device, *run)
         self.current_device()  # the query needs a current context
         return _device_range(ptr)
-
-    def _mapped_run(self, device, ptr):
-        """(device, start, size) of the run of mapped pages holding ptr, or None. The caller holds `_lock`."""
-        pages = self._vmm_handles[device]
-        start = next((at for at, (_, size) in pages.items() if at <= ptr < at + size), None)
-        if start is None:
-            return None
-        ends = {at + size: at for at, (_, size) in pages.items()}
-        end = start + pages[start][1]
-        while start in ends:
-            start = ends[start]
-        while end in pages:
-            end += pages[end][1]
-        return device, start, end - start
 
     def memcpy_async(self, dst, src, nbytes, stream):
         self.current_device()
@@ -295,11 +284,12 @@ class NvidiaDriver(Driver):
         with self._lock:
             reserved = self._vmm_reserved[device].items()
             inside = any(base <= ptr and ptr + nbytes <= base + size for base, size in reserved)
-            if not inside or any(self._vmm_mapping(device, start, start + page) for start in starts):
+            if not inside or self._vmm_pages[device].overlaps(ptr, ptr + nbytes):
                 raise _invalid()
         handles = _relaxed(self._map_pages, device, starts)
         with self._lock:
-            self._vmm_handles[device].update((start, (handle, page)) for start, handle in zip(starts, handles))
+            self._vmm_handles[device].update(zip(starts, handles))
+            self._vmm_pages[device].update((start, page) for start in starts)
 
     def _map_pages(self, device, starts):
         """The handles of the pages created and mapped at `starts`. On a failure part-way (out of memory, most
@@ -324,30 +314,22 @@ class NvidiaDriver(Driver):
         touches a page after it is released."""
         self.synchronize(device)
         with self._lock:
-            handles, at = self._vmm_handles[device], ptr
-            pages = []
-            while at < ptr + nbytes and at in handles:
-                pages.append((at, *handles[at]))
-                at += handles[at][1]
-            if nbytes <= 0 or at != ptr + nbytes:  # whole pages this driver mapped, and only those
+            pages = self._vmm_pages[device]
+            starts = pages.tiling(ptr, nbytes)  # whole pages this driver mapped, and only those
+            if starts is None:
                 raise _invalid()
-            for start, _, _ in pages:
-                del handles[start]
-        for start, handle, page in pages:
+            unmapping = [(start, pages.pop(start), self._vmm_handles[device].pop(start)) for start in starts]
+        for start, page, handle in unmapping:
             _check(cu.cuMemUnmap(start, page))
             _check(cu.cuMemRelease(handle))
 
     def vmm_release(self, device, ptr, nbytes):
         with self._lock:
-            if self._vmm_reserved[device].get(ptr) != nbytes or self._vmm_mapping(device, ptr, ptr + nbytes):
+            if self._vmm_reserved[device].get(ptr) != nbytes or self._vmm_pages[device].overlaps(ptr, ptr + nbytes):
                 raise _invalid()
             del self._vmm_reserved[device][ptr]
         self.set_device(device)
         _check(cu.cuMemAddressFree(ptr, nbytes))
-
-    def _vmm_mapping(self, device, start, end):
-        """Whether a page this driver mapped on `device` overlaps [start, end). The caller holds `_lock`."""
-        return any(at < end and start < at + page for at, (_, page) in self._vmm_handles[device].items())
 
     # ------------------------------------------------------------------ streams
     def stream_create(self, device, priority):

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..base.errors import CudaError, OutOfMemoryError
+from .mapped_pages import MappedPages
 
 GRANULARITY = 2 << 20  # an H100's minimum granularity
 ADDRESS_LIMIT = 1 << 40  # address space a device's reservations may take together (a GPU's is large but finite)
@@ -50,7 +51,7 @@ class Reservation:
     device: int
     base: int
     size: int
-    mapped: dict = field(default_factory=dict)  # its mapped pages: address -> size
+    mapped: MappedPages = field(default_factory=MappedPages)  # its mapped pages: address -> size
 
 
 def _reserve_aligned(nbytes):
@@ -91,8 +92,7 @@ class SimVmm:
         arena = self._arena(device)  # before the lock, which creating the arena takes
         with self._lock:
             reservation = self._vmm_reservation_of(device, ptr, nbytes)
-            if page <= 0 or page % GRANULARITY or nbytes % page or \
-                    any(at < ptr + nbytes and ptr < at + size for at, size in reservation.mapped.items()):
+            if page <= 0 or page % GRANULARITY or nbytes % page or reservation.mapped.overlaps(ptr, ptr + nbytes):
                 raise _invalid()
             if not arena.charge(nbytes):
                 raise OutOfMemoryError(f"CUDA error 2: out of memory (simulated device {device} has "
@@ -111,11 +111,8 @@ class SimVmm:
         arena = self._arena(device)
         with self._lock:
             reservation = self._vmm_reservation_of(device, ptr, nbytes)
-            pages, at = [], ptr
-            while at < ptr + nbytes and at in reservation.mapped:
-                pages.append(at)
-                at += reservation.mapped[at]
-            if at != ptr + nbytes:  # whole mapped pages, and only those
+            pages = reservation.mapped.tiling(ptr, nbytes)  # whole mapped pages, and only those
+            if pages is None:
                 raise _invalid()
             _os_check(_madvise(ptr, nbytes, mmap.MADV_DONTNEED))
             _os_check(_mprotect(ptr, nbytes, _PROT_NONE))
@@ -149,14 +146,5 @@ class SimVmm:
         memory_range: to their user, the pages of an expandable segment are one piece of memory)."""
         with self._lock:
             reservation = self._vmm_reservation(ptr)
-            page = None if reservation is None else \
-                next((at for at, size in reservation.mapped.items() if at <= ptr < at + size), None)
-            if page is None:
-                return None
-            ends = {at + size: at for at, size in reservation.mapped.items()}
-            start, end = page, page + reservation.mapped[page]
-            while start in ends:
-                start = ends[start]
-            while end in reservation.mapped:
-                end += reservation.mapped[end]
-            return reservation.device, start, end - start
+            run = None if reservation is None else reservation.mapped.run(ptr)
+            return None if run is None else (reservation.device, *run)
