@@ -267,6 +267,22 @@ def test_stream_context_manager():
     assert mt.cuda.current_stream() == prev
 
 
+def test_stream_contexts_nest_on_one_stream():
+    prev = mt.cuda.current_stream()
+    s, t = mt.cuda.Stream(), mt.cuda.Stream()
+    with mt.cuda.stream(s):
+        with mt.cuda.stream(t), mt.cuda.stream(s):
+            assert mt.cuda.current_stream() == s
+        assert mt.cuda.current_stream() == s
+        with s:
+            with s:
+                assert mt.cuda.current_stream() == s
+            with t:
+                assert mt.cuda.current_stream() == t
+            assert mt.cuda.current_stream() == s
+    assert mt.cuda.current_stream() == prev
+
+
 def test_stream_context_restores_on_exception():
     prev = mt.cuda.current_stream()
     s = mt.cuda.Stream()

@@ -85,7 +85,7 @@ class Stream:
         priority = int_arg(priority, "Stream(): argument 'priority'")
         self.priority = priority
         self.cuda_stream = _pooled_handle(index, priority) if _handle is None else _handle
-        self._saved = None
+        self._saved = []  # what each `with` of it replaced (nested ones included), last first
 
     @property
     def stream_id(self):
@@ -152,16 +152,11 @@ class Stream:
         return f"<minitensor.cuda.Stream device={self.device} cuda_stream={self.cuda_stream:#x}>"
 
     def __enter__(self):
-        self._saved = (current_device(), current_stream(self.device))
-        set_device(self.device.index)
-        set_stream(self)
+        self._saved.append(_make_current(self))
         return self
 
     def __exit__(self, *exc):
-        device, previous = self._saved
-        self._saved = None
-        set_stream(previous)
-        set_device(device)
+        _restore(self._saved.pop())
         return False
 
 
@@ -193,20 +188,36 @@ def set_stream(s):
         _current_handles()[s.device.index] = s.cuda_stream
 
 
+def _make_current(s):
+    """Make stream `s` and its device current; what they replaced, for _restore."""
+    saved = current_device(), current_stream(s.device)
+    set_device(s.device.index)
+    set_stream(s)
+    return saved
+
+
+def _restore(saved):
+    device, previous = saved
+    set_stream(previous)
+    set_device(device)
+
+
 class stream:
-    """Context manager form of set_stream; None does nothing."""
+    """Context manager form of set_stream; None does nothing. Each `with` keeps what it replaced, so the same
+    stream may be entered again inside, or by another thread."""
 
     def __init__(self, s):
         self.s = None if s is None else checked_stream(s, "stream(): argument 'stream'")
+        self._saved = None
 
     def __enter__(self):
         if self.s is not None:
-            self.s.__enter__()
+            self._saved = _make_current(self.s)
         return self.s
 
     def __exit__(self, *exc):
         if self.s is not None:
-            self.s.__exit__(*exc)
+            _restore(self._saved)
         return False
 
 
