@@ -1,5 +1,7 @@
 """What tests/test_graphs.py and tests/test_graphs_pools.py share: host data, device tensors, comparisons, side
-streams. (Their clean device around each test is conftest.py's `clean_cuda_state`.)"""
+streams, a capture around a block. (Their clean device around each test is conftest.py's `clean_cuda_state`.)"""
+import contextlib
+
 import numpy as np
 
 import minitensor as mt
@@ -34,3 +36,18 @@ def other_stream(*avoid):
         if s.cuda_stream not in handles:
             return s
     raise AssertionError("no distinct stream")
+
+
+@contextlib.contextmanager
+def capturing(g, stream, **begin):
+    """Graph `g` captures on `stream` for the block, whatever streams the block makes current: capture_begin and
+    capture_end on `stream`, or abort_capture if the block raises, so a failed test leaves no stream capturing."""
+    with mt.cuda.stream(stream):
+        g.capture_begin(**begin)
+    try:
+        yield
+    except BaseException:
+        g.abort_capture()
+        raise
+    with mt.cuda.stream(stream):
+        g.capture_end()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import minitensor as mt
-from graph_helpers import DEV, close, dev, other_stream, rand, values
+from graph_helpers import DEV, capturing, close, dev, other_stream, rand, values
 from helpers import run_python
 
 pytestmark = pytest.mark.usefixtures("clean_cuda_state")
@@ -471,18 +471,12 @@ def test_capture_end_on_another_stream_is_refused():
     s1 = other_stream()
     s2 = other_stream(s1)
     g = mt.cuda.CUDAGraph()
-    with mt.cuda.stream(s1):
-        g.capture_begin()
-        try:
-            out = x - 4
-            with mt.cuda.stream(s2):
-                with pytest.raises(RuntimeError, match="Capture must end on the same stream it began on."):
-                    g.capture_end()
-            assert mt.cuda.is_current_stream_capturing()
-        except BaseException:
-            g.abort_capture()
-            raise
-        g.capture_end()
+    with mt.cuda.stream(s1), capturing(g, s1):
+        out = x - 4
+        with mt.cuda.stream(s2):
+            with pytest.raises(RuntimeError, match="Capture must end on the same stream it began on."):
+                g.capture_end()
+        assert mt.cuda.is_current_stream_capturing()
     assert not mt.cuda.is_current_stream_capturing()
     g.replay()
     close(values(out), xd - 4)
@@ -532,17 +526,11 @@ def test_pinned_allocation_in_a_capture_keeps_it_valid():
     x = dev(xd)
     s = other_stream()
     g = mt.cuda.CUDAGraph()
-    with mt.cuda.stream(s):
-        g.capture_begin()
-        try:
-            y = x * 2
-            pinned = mt.empty(3 << 20, dtype=mt.uint8, pin_memory=True)
-            assert pinned.is_pinned()
-            z = y + 1
-        except BaseException:
-            g.abort_capture()
-            raise
-        g.capture_end()
+    with mt.cuda.stream(s), capturing(g, s):
+        y = x * 2
+        pinned = mt.empty(3 << 20, dtype=mt.uint8, pin_memory=True)
+        assert pinned.is_pinned()
+        z = y + 1
     g.replay()
     close(values(z), xd * 2 + 1)
 
@@ -609,19 +597,13 @@ def test_illegal_call_in_capture_is_refused_and_capture_still_ends(call):
     PINNED["src"], PINNED["dst"] = mt.ones(16, pin_memory=True), mt.empty(16, pin_memory=True)
     s = other_stream()
     g = mt.cuda.CUDAGraph()
-    with mt.cuda.stream(s):
-        g.capture_begin()
-        try:
-            y = x * 2
-            with pytest.raises(mt.cuda.CudaError, match=CAPTURE_ERROR) as info:
-                ILLEGAL[call](s, y)
-            assert isinstance(info.value, RuntimeError) and info.value.code == 900
-            assert mt.cuda.is_current_stream_capturing()
-            z = y + 1
-        except BaseException:
-            g.abort_capture()
-            raise
-        g.capture_end()
+    with mt.cuda.stream(s), capturing(g, s):
+        y = x * 2
+        with pytest.raises(mt.cuda.CudaError, match=CAPTURE_ERROR) as info:
+            ILLEGAL[call](s, y)
+        assert isinstance(info.value, RuntimeError) and info.value.code == 900
+        assert mt.cuda.is_current_stream_capturing()
+        z = y + 1
     assert not mt.cuda.is_current_stream_capturing()
     g.replay()
     close(values(z), xd * 2 + 1)
@@ -698,19 +680,13 @@ def test_capturing_stream_cannot_wait_for_work_before_the_capture():
         pre = x + 1
         before.record()
     g = mt.cuda.CUDAGraph()
-    with mt.cuda.stream(s):
-        g.capture_begin()
-        try:
-            y = x * 2
-            with pytest.raises(RuntimeError):
-                s.wait_event(before)
-            with pytest.raises(RuntimeError):
-                s.wait_stream(early)
-            z = y - 1
-        except BaseException:
-            g.abort_capture()
-            raise
-        g.capture_end()
+    with mt.cuda.stream(s), capturing(g, s):
+        y = x * 2
+        with pytest.raises(RuntimeError):
+            s.wait_event(before)
+        with pytest.raises(RuntimeError):
+            s.wait_stream(early)
+        z = y - 1
     g.replay()
     close(values(z), xd * 2 - 1)
     close(values(pre), xd + 1)
@@ -722,17 +698,11 @@ def test_reset_during_capture_is_refused():
     x = dev(rand(16))
     s = other_stream()
     g = mt.cuda.CUDAGraph()
-    with mt.cuda.stream(s):
-        g.capture_begin()
-        try:
-            y = x + 1
-            with pytest.raises(RuntimeError):
-                g.reset()
-            assert mt.cuda.is_current_stream_capturing()
-        except BaseException:
-            g.abort_capture()
-            raise
-        g.capture_end()
+    with mt.cuda.stream(s), capturing(g, s):
+        y = x + 1
+        with pytest.raises(RuntimeError):
+            g.reset()
+        assert mt.cuda.is_current_stream_capturing()
     g.replay()
     close(values(y), values(x) + 1)
 
@@ -788,18 +758,12 @@ def test_second_graph_on_a_capturing_stream_is_refused():
     x = dev(xd)
     s = other_stream()
     g1, g2 = mt.cuda.CUDAGraph(), mt.cuda.CUDAGraph()
-    with mt.cuda.stream(s):
-        g1.capture_begin()
-        try:
-            y = x * 2
-            with pytest.raises(RuntimeError):
-                g2.capture_begin()
-            assert mt.cuda.is_current_stream_capturing()
-            z = y + 1
-        except BaseException:
-            g1.abort_capture()
-            raise
-        g1.capture_end()
+    with mt.cuda.stream(s), capturing(g1, s):
+        y = x * 2
+        with pytest.raises(RuntimeError):
+            g2.capture_begin()
+        assert mt.cuda.is_current_stream_capturing()
+        z = y + 1
     g1.replay()
     close(values(z), xd * 2 + 1)
     with pytest.raises(RuntimeError, match="without a preceding successful capture"):
@@ -860,20 +824,14 @@ def test_thread_local_capture_lets_other_threads_wait_and_copy():
             results["stream_query"] = mine.query()
             assert not mt.cuda.is_current_stream_capturing()
 
-    with mt.cuda.stream(s):
-        g.capture_begin(capture_error_mode="thread_local")
-        try:
-            y = x * 3
-            _run_thread(other)
-            # the capturing thread itself may not wait, even for the default stream
-            with mt.cuda.stream(mt.cuda.default_stream()):
-                with pytest.raises(mt.cuda.CudaError, match=CAPTURE_ERROR):
-                    x.cpu()
-            z = y + x
-        except BaseException:
-            g.abort_capture()
-            raise
-        g.capture_end()
+    with mt.cuda.stream(s), capturing(g, s, capture_error_mode="thread_local"):
+        y = x * 3
+        _run_thread(other)
+        # the capturing thread itself may not wait, even for the default stream
+        with mt.cuda.stream(mt.cuda.default_stream()):
+            with pytest.raises(mt.cuda.CudaError, match=CAPTURE_ERROR):
+                x.cpu()
+        z = y + x
     close(results["cpu"], other_data * 2)
     close(results["item"], float((other_data * 2).sum()), rtol=1e-4)
     assert results["query"] is True and results["stream_query"] is True
@@ -902,16 +860,10 @@ def test_global_capture_refuses_other_threads_host_waits():
                     seen[name] = str(exc)
             seen["u"] = u
 
-    with mt.cuda.stream(s):
-        g.capture_begin()  # "global"
-        try:
-            y = x + 1
-            _run_thread(other)
-            z = y * y
-        except BaseException:
-            g.abort_capture()
-            raise
-        g.capture_end()
+    with mt.cuda.stream(s), capturing(g, s):  # "global"
+        y = x + 1
+        _run_thread(other)
+        z = y * y
     for name in ("cpu", "item", "stream_synchronize", "synchronize"):
         assert CAPTURE_ERROR in seen[name], (name, seen[name])
     mt.cuda.synchronize()
@@ -929,23 +881,17 @@ def test_relaxed_capture_refuses_only_its_own_streams():
     x = dev(xd)
     s = other_stream()
     g = mt.cuda.CUDAGraph()
-    with mt.cuda.stream(s):
-        g.capture_begin(capture_error_mode="relaxed")
-        try:
-            y = x * 2
-            with mt.cuda.stream(mt.cuda.default_stream()):
-                close(values(x), xd)  # a host copy on an uncaptured stream, from the capturing thread
-            with pytest.raises(mt.cuda.CudaError, match=CAPTURE_ERROR):
-                y.cpu()  # on the capturing stream
-            with pytest.raises(mt.cuda.CudaError, match=CAPTURE_ERROR):
-                s.synchronize()
-            with pytest.raises(mt.cuda.CudaError, match=CAPTURE_ERROR):
-                _recorded_event(s).query()
-            z = y - x
-        except BaseException:
-            g.abort_capture()
-            raise
-        g.capture_end()
+    with mt.cuda.stream(s), capturing(g, s, capture_error_mode="relaxed"):
+        y = x * 2
+        with mt.cuda.stream(mt.cuda.default_stream()):
+            close(values(x), xd)  # a host copy on an uncaptured stream, from the capturing thread
+        with pytest.raises(mt.cuda.CudaError, match=CAPTURE_ERROR):
+            y.cpu()  # on the capturing stream
+        with pytest.raises(mt.cuda.CudaError, match=CAPTURE_ERROR):
+            s.synchronize()
+        with pytest.raises(mt.cuda.CudaError, match=CAPTURE_ERROR):
+            _recorded_event(s).query()
+        z = y - x
     g.replay()
     close(values(z), xd)
 
@@ -1022,19 +968,13 @@ def test_two_threads_capture_their_own_graphs():
     def capture(k):
         s = mt.cuda.Stream()
         g = mt.cuda.CUDAGraph()
-        with mt.cuda.stream(s):
-            g.capture_begin(capture_error_mode="thread_local")
-            try:
-                barrier.wait()  # both captures underway
-                y = x * (k + 2) + 1
-                barrier.wait()
-                total = y.sum()
-                assert mt.cuda.is_current_stream_capturing()
-                barrier.wait()
-            except BaseException:
-                g.abort_capture()
-                raise
-            g.capture_end()
+        with mt.cuda.stream(s), capturing(g, s, capture_error_mode="thread_local"):
+            barrier.wait()  # both captures underway
+            y = x * (k + 2) + 1
+            barrier.wait()
+            total = y.sum()
+            assert mt.cuda.is_current_stream_capturing()
+            barrier.wait()
         graphs[k] = g, y, total
 
     errors = []
@@ -1152,32 +1092,15 @@ def test_waiting_for_another_captures_event_is_refused():
     s1 = other_stream()
     s2 = other_stream(s1)
     g1, g2 = mt.cuda.CUDAGraph(), mt.cuda.CUDAGraph()
-    with mt.cuda.stream(s1):
-        g1.capture_begin(capture_error_mode="relaxed")
-    try:
-        with mt.cuda.stream(s2):
-            g2.capture_begin(capture_error_mode="relaxed")
-        try:
-            with mt.cuda.stream(s1):
-                a = x + 1
-                e1 = mt.cuda.Event()
-                e1.record()
-            with pytest.raises(RuntimeError):
-                s2.wait_event(e1)
-            with mt.cuda.stream(s2):
-                b = x * 4
-        except BaseException:
-            with mt.cuda.stream(s2):
-                g2.abort_capture()
-            raise
-        with mt.cuda.stream(s2):
-            g2.capture_end()
-    except BaseException:
+    with capturing(g1, s1, capture_error_mode="relaxed"), capturing(g2, s2, capture_error_mode="relaxed"):
         with mt.cuda.stream(s1):
-            g1.abort_capture()
-        raise
-    with mt.cuda.stream(s1):
-        g1.capture_end()
+            a = x + 1
+            e1 = mt.cuda.Event()
+            e1.record()
+        with pytest.raises(RuntimeError):
+            s2.wait_event(e1)
+        with mt.cuda.stream(s2):
+            b = x * 4
     g1.replay()
     g2.replay()
     close(values(a), xd + 1)

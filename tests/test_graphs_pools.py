@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import minitensor as mt
-from graph_helpers import DEV, close, dev, other_stream, rand, values
+from graph_helpers import DEV, capturing, close, dev, other_stream, rand, values
 from helpers import run_python
 
 pytestmark = pytest.mark.usefixtures("clean_cuda_state")
@@ -110,28 +110,13 @@ def test_two_concurrent_captures_use_their_own_pools():
     s1 = other_stream()
     s2 = other_stream(s1)
     g1, g2 = mt.cuda.CUDAGraph(), mt.cuda.CUDAGraph()
-    with mt.cuda.stream(s1):
-        g1.capture_begin(capture_error_mode="relaxed")
-    try:
+    with capturing(g1, s1, capture_error_mode="relaxed"), capturing(g2, s2, capture_error_mode="relaxed"):
+        with mt.cuda.stream(s1):
+            a = x * 2
         with mt.cuda.stream(s2):
-            g2.capture_begin(capture_error_mode="relaxed")
-        try:
-            with mt.cuda.stream(s1):
-                a = x * 2
-            with mt.cuda.stream(s2):
-                b = x * 3
-            with mt.cuda.stream(s1):
-                a2 = a + 1
-        except BaseException:
-            g2.abort_capture()
-            raise
-        with mt.cuda.stream(s2):
-            g2.capture_end()
-    except BaseException:
-        g1.abort_capture()
-        raise
-    with mt.cuda.stream(s1):
-        g1.capture_end()
+            b = x * 3
+        with mt.cuda.stream(s1):
+            a2 = a + 1
     assert g1.pool() != g2.pool()
     assert pool_of(a) == pool_of(a2) == g1.pool()
     assert pool_of(b) == g2.pool()
