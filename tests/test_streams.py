@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import minitensor as mt
+from minitensor.backends.sim import SimDriver
 
 DEV = "cuda"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -845,3 +846,18 @@ def test_uncaught_exception_exits_cleanly():
         assert p.returncode == 1, f"rc={p.returncode}\n{p.stderr[-2000:]}"
         assert "ValueError: boom from the test" in p.stderr
         assert "terminate called" not in p.stderr
+
+
+def test_an_event_destroyed_inside_a_locked_simulator_section_does_not_deadlock():
+    """An Event's __del__ runs whenever the garbage collector does, even inside a section of the simulator that
+    holds its lock on the same thread (here: the lock held, then the destroy)."""
+    driver = SimDriver()  # a simulator of its own: a deadlock would stall only it
+    handle = driver.event_create(0, False, False)
+
+    def destroy_while_locked():
+        with driver._lock:
+            driver.event_destroy(handle)
+    worker = threading.Thread(target=destroy_while_locked, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "event_destroy waited for a lock its own thread holds"

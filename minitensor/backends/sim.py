@@ -412,8 +412,10 @@ class SimDriver(SimGraphs, SimVmm, Driver):
         return handle
 
     def event_destroy(self, event):
-        with self._lock:
-            self._events.pop(event, None)
+        # Without the lock: an Event's __del__ calls this whenever the garbage collector runs, which may be inside
+        # a locked section of this very thread (a deadlock on a plain Lock). dict.pop is atomic, and a handle being
+        # destroyed is used by no one else.
+        self._events.pop(event, None)
 
     def event_record(self, event, stream):
         e, s = self._event(event), self._stream(stream)
