@@ -8,7 +8,8 @@ import platform
 import sys
 from dataclasses import dataclass
 
-from bench import allocator, copies, expandable, frameworks, graphs, history, report, serialization, startup
+from bench import (allocator, copies, expandable, frameworks, graphs, history, report, serialization, startup,
+                   user_kernels)
 from bench.cases import CASES, DEVICE, HOST
 from bench.startup import STARTUP_CASES
 from bench.targets import evaluate
@@ -110,7 +111,7 @@ def meta(mt, fws, args, cfg):
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "config": cfg.__dict__, "ratio": report.RATIO_HELP,
         "units": "host: us per call; device: s per launch and GB/s (bytes read + written); startup: s; "
-                 "graphs, history, expandable: each row's own unit",
+                 "graphs, history, expandable, users' kernels: each row's own unit",
     }
 
 
@@ -125,7 +126,7 @@ def print_results(info, rows, verdicts, sim):
         (HOST, report.host_section), (DEVICE, report.device_section), ("startup", report.startup_section),
         (serialization.KIND, serialization.section), (allocator.KIND, allocator.section),
         (copies.KIND, copies.section), (graphs.KIND, graphs.section), (history.KIND, history.section),
-        (expandable.KIND, expandable.section),
+        (expandable.KIND, expandable.section), (user_kernels.KIND, user_kernels.section),
     ]
     for kind, section in sections:
         selected = [r for r in rows if r["kind"] == kind]
@@ -145,7 +146,7 @@ def print_summary(data):
     allocation check no target holds, and its memory history and expandable segments rows (the settings and
     torch's figures beside the targets')."""
     for kind, section in ((graphs.KIND, graphs.section), (history.KIND, history.section),
-                          (expandable.KIND, expandable.section)):
+                          (expandable.KIND, expandable.section), (user_kernels.KIND, user_kernels.section)):
         rows = [r for r in data.get("results", []) if r["kind"] == kind]
         if rows:
             print(section(rows, data["targets"]))
@@ -183,6 +184,7 @@ def main(argv=None):
     rows += graphs.run(fws, sim, args.quick, lambda k, n: _selected(k, n, args.only), _new_row)
     rows += history.run(fws, sim, args.quick, lambda k, n: _selected(k, n, args.only), _new_row)
     rows += expandable.run(fws, sim, lambda k, n: _selected(k, n, args.only), _new_row)
+    rows += user_kernels.run(fws, sim, lambda k, n: _selected(k, n, args.only), _new_row)
     verdicts = evaluate({r["key"]: r for r in rows}, sim)
     info = meta(mt_fw.module, fws, args, cfg)
 

@@ -49,7 +49,7 @@ def _child(module, first_op):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _compile(module):
+def compile_bytecode(module):
     """Bytecode for every source of minitensor (its kernels and allocator live in folders of their own, see
     pyproject.toml); the baselines are regular installs, compiled when installed."""
     if module != "minitensor":
@@ -61,7 +61,7 @@ def _compile(module):
 
 def import_s(module, runs):
     """Median wall time of `import module` over `runs` fresh processes, its bytecode compiled first."""
-    _compile(module)
+    compile_bytecode(module)
     return statistics.median(_child(module, False)["import_s"] for _ in range(runs))
 
 
@@ -71,6 +71,6 @@ def first_op_s(module, runs):
     One unmeasured child runs first so Triton's disk cache (kernels, C launcher) is warm,
     which is the state a user's second and later programs start in.
     """
-    _compile(module)  # the first op imports more of the package
+    compile_bytecode(module)  # the first op imports more of the package
     _child(module, True)
     return statistics.median(_child(module, True)["first_op_s"] for _ in range(runs))

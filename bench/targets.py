@@ -56,6 +56,14 @@ def _over_mt(key, baseline):
     return measure
 
 
+def _mt_over(key, baseline):
+    """minitensor's time as a fraction of another contender's of the same row (lower is better)."""
+    def measure(rows):
+        mt, other = _time(rows, key, "minitensor"), _time(rows, key, baseline)
+        return mt / other if mt and other else None
+    return measure
+
+
 def _peak_vs_torch(key):
     """minitensor's peak reserved bytes on an allocation trace as a fraction of torch's (lower is better)."""
     def measure(rows):
@@ -192,6 +200,14 @@ TARGETS = [
            _expandable_ratio("expandable.empty_del"), lambda v: v <= 1.1, "{:.2f}x default"),
     Target("expandable segment growth vs torch", "expandable.growth", "<= torch's time",
            _mt_over_torch("expandable.growth"), lambda v: v <= 1.0, "{:.2f}x torch time", gpu_only=True),
+    Target("cold compile of saxpy to cubin", "user.cold_compile", "<= 1.2x raw NVRTC",
+           _mt_over("user.cold_compile", "nvrtc"), lambda v: v <= 1.2, "{:.2f}x raw NVRTC", gpu_only=True),
+    Target("codecache hit, fresh process", "user.fresh_hit", "<= 5 ms",
+           _value("user.fresh_hit"), lambda v: v <= 5.0, "{:.2f} ms", gpu_only=True),
+    Target("codecache hit, same process", "user.memory_hit", "<= 0.05 ms",
+           _value("user.memory_hit"), lambda v: v <= 50.0, "{:.2f} us", gpu_only=True),
+    Target("RawKernel launch vs minitensor's Triton launch", "user.launch", "<= 1.1x y.add_(x)",
+           _mt_over("user.launch", "minitensor_op"), lambda v: v <= 1.1, "{:.2f}x y.add_(x)", gpu_only=True),
 ]
 
 

@@ -23,6 +23,8 @@ from minitensor.backends import active_driver
 from minitensor.base import cext, diskcache
 from minitensor.base.errors import CudaError
 
+from . import cuda_arguments
+
 _compiled = {}
 _lock = threading.Lock()
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,7 +88,7 @@ def native():
         with _native_lock:
             if _native is None:
                 module = cext.load(os.path.join(_HERE, "_launch.c"), "_minitensor_launch")
-                module.init(_raise_launch_error)
+                module.init(_raise_launch_error, cuda_arguments.plain_argument)
                 _native = module
     return _native
 

@@ -39,3 +39,28 @@ class Failures:
 
     def check(self):
         assert not self.items, f"{len(self.items)} failing case(s):\n" + "\n".join(self.items)
+
+
+# torch's test_cudacodecache.py source: a kernel and an extern "C" host function launching it with <<<>>>
+SEED_SAXPY_SOURCE = r"""
+
+#include <stdio.h>
+
+__global__
+void saxpy_device(int n, float a, float *x, float *y)
+{
+  int i = blockIdx.x*blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a*x[i] + y[i];
+}
+
+extern "C" {
+
+__attribute__((__visibility__("default")))
+int saxpy(int n, float a, float *x, float *y) {
+  // Perform SAXPY
+  saxpy_device<<<(n+255)/256, 256>>>(n, a, x, y);
+  return 0;
+}
+
+}
+"""

@@ -95,7 +95,14 @@ class Driver:
     # launch(grid_x, grid_y, grid_z, stream, *args), which enqueues one kernel.
     interprets_kernels = False
     def load_function(self, device, cubin, name, shared): raise NotImplementedError
+    # a user's compiled CUDA C++ (cubin or PTX): the module loaded once, (module, context) handles, then each of
+    # its kernels by (lowered) name
+    def load_module(self, device, image): raise NotImplementedError
+    def module_function(self, module, name): raise NotImplementedError
     def interpret(self, device, kernel, wrappers, constexprs): raise NotImplementedError
+    # the simulator runs host work in a stream's order: `work()` after everything enqueued before it (emulated
+    # CUDA C++ kernels), or, with `interpreted`, holding the interpreter (a user's @triton.jit kernel)
+    def enqueue(self, stream, work, interpreted=False): raise NotImplementedError
 
     # CUDA graphs. Between begin and end a stream captures: the work enqueued on it, and on every stream that
     # waits for an event recorded in the capture (a stream joins so, and must rejoin the origin stream before

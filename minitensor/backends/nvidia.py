@@ -390,6 +390,17 @@ class NvidiaDriver(Driver):
                                          optin - static))
         return int(function), int(self._contexts[device])
 
+    def load_module(self, device, image):
+        """Load a cubin, or PTX (a bytes string ending in NUL) that the driver compiles, into the device's context."""
+        self.set_device(device)
+        return int(_check(cu.cuModuleLoadData(image))), int(self._contexts[device])
+
+    def module_function(self, module, name):
+        try:
+            return int(_check(cu.cuModuleGetFunction(cu.CUmodule(module), name.encode())))
+        except CudaError as e:
+            raise AttributeError(f"the module has no kernel named {name!r} ({e})") from None
+
     # ------------------------------------------------------------------ graphs
     def stream_begin_capture(self, stream, mode):
         self.current_device()

@@ -10,6 +10,7 @@ import warnings
 _driver = None
 _lock = threading.Lock()
 _first_op_preparations = []
+_start_hooks = []
 
 
 def prepare_first_op(function):
@@ -17,6 +18,15 @@ def prepare_first_op(function):
     released), to load what the first op needs next. Layers above register it at import, before any driver
     exists; a failure is ignored, since the first op loads the same things itself and reports what fails."""
     _first_op_preparations.append(function)
+
+
+def on_start(function):
+    """Have `function(driver)` run once the driver is chosen (or now, if it already is). Layers above register
+    it at import; this is how minitensor becomes Triton's driver without importing Triton itself."""
+    if _driver is not None:
+        function(_driver)
+    else:
+        _start_hooks.append(function)
 
 
 def _prepare():
@@ -31,8 +41,11 @@ def active_driver():
     global _driver
     if _driver is None:
         with _lock:
-            if _driver is None:
-                _driver = _select()
+            if _driver is not None:
+                return _driver
+            _driver = _select()
+        for function in _start_hooks:
+            function(_driver)
     return _driver
 
 

@@ -15,6 +15,7 @@ wait, which could last for ever. A synchronising call after that raises CUDA's "
 import atexit
 import collections
 import ctypes
+import functools
 import hashlib
 import itertools
 import mmap
@@ -44,6 +45,11 @@ _ERRORS = {
 # Triton's interpreter patches triton.language globally while a kernel runs: one kernel at a time.
 _INTERPRETER_LOCK = threading.Lock()
 _failures = itertools.count()  # orders the failures kept by different streams
+
+
+def _run_interpreted(work):
+    with _INTERPRETER_LOCK, np.errstate(all="ignore"):  # a GPU computes inf and nan silently
+        work()
 
 
 class _Stream:
@@ -394,9 +400,13 @@ class SimDriver(SimGraphs, SimVmm, Driver):
         else:
             s.enqueue(mark.done.wait)
 
-    def enqueue(self, stream, work):
-        """Run `work()` on the stream's worker after everything enqueued before it."""
-        self._stream(stream).enqueue(work)
+    def enqueue(self, stream, work, interpreted=False):
+        """Run `work()` on the stream's worker after everything enqueued before it; with `interpreted`, as
+        `interpret`'s kernels run: one at a time, inf and nan computed silently."""
+        if interpreted:
+            self._stream(stream).enqueue(functools.partial(_run_interpreted, work))
+        else:
+            self._stream(stream).enqueue(work)
 
     # ------------------------------------------------------------------ events
     def _event(self, handle):
@@ -464,9 +474,7 @@ class SimDriver(SimGraphs, SimVmm, Driver):
         def launch(gx, gy, gz, stream, *args):
             args = [w(a) for w, a in zip(wrappers, args)] + tail
 
-            def run():
-                with _INTERPRETER_LOCK, np.errstate(all="ignore"):  # a GPU computes inf and nan silently
-                    kernel[(gx, gy, gz)](*args)
+            run = functools.partial(_run_interpreted, lambda: kernel[(gx, gy, gz)](*args))
             self._stream(stream, device).enqueue(run)  # handle 0: the kernel's device's default stream
         return launch
 
