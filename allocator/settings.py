@@ -1,8 +1,9 @@
 """Allocator settings: torch's `PYTORCH_CUDA_ALLOC_CONF` syntax, read from `MINITENSOR_ALLOC_CONF` and
 `mt.cuda.memory.set_allocator_settings`.
 
-`key:value,key:value`, lists as `roundup_power2_divisions:[256:1,512:2,>:8]`. A bad key or value raises a
-ValueError naming it. As in torch, each new string resets the device-allocator options it leaves out
+`key:value,key:value`, lists as `roundup_power2_divisions:[256:1,512:2,>:8]`, with torch's key names
+(`pinned_use_cuda_host_register`; minitensor's older `pinned_use_host_register` too). A bad key or value raises
+RuntimeError naming it, as torch's checks do. As in torch, each new string resets the device-allocator options it leaves out
 (max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold) and keeps the others.
 """
 import dataclasses
@@ -41,7 +42,7 @@ def parse(text, previous=Settings()):
     while i < len(tokens):
         key = tokens[i]
         if key not in _PARSERS:
-            raise ValueError(f"Unrecognized key {key!r} in allocator settings {text!r}; expected one of "
+            raise RuntimeError(f"Unrecognized key {key!r} in allocator settings {text!r}; expected one of "
                              f"{', '.join(sorted(_PARSERS))}")
         _expect(tokens, i + 1, ":", key)
         field, value, i = _PARSERS[key](tokens, i + 2, key)
@@ -62,12 +63,12 @@ def _tokens(text):
 def _expect(tokens, i, token, key):
     if i >= len(tokens) or tokens[i] != token:
         found = tokens[i] if i < len(tokens) else "the end"
-        raise ValueError(f"Allocator settings: expected {token!r} after {key!r}, found {found!r}")
+        raise RuntimeError(f"Allocator settings: expected {token!r} after {key!r}, found {found!r}")
 
 
 def _word(tokens, i, key):
     if i >= len(tokens) or tokens[i] in ",:[]":
-        raise ValueError(f"Allocator settings: missing value for {key!r}")
+        raise RuntimeError(f"Allocator settings: missing value for {key!r}")
     return tokens[i]
 
 
@@ -75,7 +76,7 @@ def _int(word, key):
     try:
         return int(word)
     except ValueError:
-        raise ValueError(f"Allocator settings: {key} expects an integer, got {word!r}") from None
+        raise RuntimeError(f"Allocator settings: {key} expects an integer, got {word!r}") from None
 
 
 def _power_of_two(n):
@@ -85,14 +86,14 @@ def _power_of_two(n):
 def _bool(tokens, i, key):
     word = _word(tokens, i, key)
     if word not in ("True", "False"):
-        raise ValueError(f"Allocator settings: {key} expects True or False, got {word!r}")
+        raise RuntimeError(f"Allocator settings: {key} expects True or False, got {word!r}")
     return word == "True"
 
 
 def _max_split_size(tokens, i, key):
     mb = _int(_word(tokens, i, key), key)
     if mb <= _MIN_MAX_SPLIT_MB:
-        raise ValueError(f"Allocator settings: max_split_size_mb must be > {_MIN_MAX_SPLIT_MB}, got {mb}")
+        raise RuntimeError(f"Allocator settings: max_split_size_mb must be > {_MIN_MAX_SPLIT_MB}, got {mb}")
     return "max_split_size", mb * _MB, i + 1
 
 
@@ -101,9 +102,9 @@ def _gc_threshold(tokens, i, key):
     try:
         value = float(word)
     except ValueError:
-        raise ValueError(f"Allocator settings: {key} expects a number, got {word!r}") from None
+        raise RuntimeError(f"Allocator settings: {key} expects a number, got {word!r}") from None
     if not 0.0 < value < 1.0:
-        raise ValueError(f"Allocator settings: garbage_collection_threshold must be in (0, 1), got {word}")
+        raise RuntimeError(f"Allocator settings: garbage_collection_threshold must be in (0, 1), got {word}")
     return "garbage_collection_threshold", value, i + 1
 
 
@@ -118,13 +119,13 @@ def _divisions(tokens, i, key):
             _expect(tokens, i + 1, ":", f"{key} entry {bound!r}")
             n = _int(_word(tokens, i + 2, key), key)
             if n != 0 and not _power_of_two(n):
-                raise ValueError(f"Allocator settings: {key} divisions must be a power of two or 0, got {n}")
+                raise RuntimeError(f"Allocator settings: {key} divisions must be a power of two or 0, got {n}")
             if bound == ">":
                 table[last + 1:] = [n] * (INTERVALS - last - 1)
             else:
                 mb = _int(bound, key)
                 if not _power_of_two(mb):
-                    raise ValueError(f"Allocator settings: {key} interval bounds must be powers of two (MiB), "
+                    raise RuntimeError(f"Allocator settings: {key} interval bounds must be powers of two (MiB), "
                                      f"got {mb}")
                 index = min(mb.bit_length() - 1, INTERVALS - 1)
                 if first:
@@ -136,18 +137,18 @@ def _divisions(tokens, i, key):
             if i < len(tokens) and tokens[i] == ",":
                 i += 1
         if i >= len(tokens):
-            raise ValueError(f"Allocator settings: {key} list is missing its closing ']'")
+            raise RuntimeError(f"Allocator settings: {key} list is missing its closing ']'")
         return "roundup_power2_divisions", (tuple(table) if any(n > 1 for n in table) else None), i + 1
     n = _int(_word(tokens, i, key), key)
     if not _power_of_two(n):
-        raise ValueError(f"Allocator settings: {key} must be a power of two, got {n}")
+        raise RuntimeError(f"Allocator settings: {key} must be a power of two, got {n}")
     return "roundup_power2_divisions", ((n,) * INTERVALS if n > 1 else None), i + 1
 
 
 def _register_threads(tokens, i, key):
     n = _int(_word(tokens, i, key), key)
     if not _power_of_two(n) or n > 128:
-        raise ValueError(f"Allocator settings: {key} must be a power of two <= 128, got {n}")
+        raise RuntimeError(f"Allocator settings: {key} must be a power of two <= 128, got {n}")
     return "pinned_num_register_threads", n, i + 1
 
 
@@ -160,6 +161,7 @@ _PARSERS = {
     "roundup_power2_divisions": _divisions,
     "garbage_collection_threshold": _gc_threshold,
     "expandable_segments": _flag("expandable_segments"),
+    "pinned_use_cuda_host_register": _flag("pinned_use_host_register"),  # torch's name
     "pinned_use_host_register": _flag("pinned_use_host_register"),
     "pinned_num_register_threads": _register_threads,
     "pinned_use_background_threads": _flag("pinned_use_background_threads"),
@@ -174,8 +176,8 @@ def current():
     if _current is None:
         try:
             _current = parse(os.environ.get(ENV, ""))
-        except ValueError as e:
-            raise ValueError(f"{ENV}: {e}") from None
+        except RuntimeError as e:
+            raise RuntimeError(f"{ENV}: {e}") from None
     return _current
 
 

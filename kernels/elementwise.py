@@ -148,8 +148,14 @@ def _binary_op(x, y, OP: tl.constexpr):
         r = x <= y
     elif OP == 16:
         r = x > y
-    else:
+    elif OP == 17:
         r = x >= y
+    elif OP == 18:  # logical and, or, xor: as where and != (the interpreter's & fails on a scalar operand)
+        r = tl.where(x != 0, y != 0, False)
+    elif OP == 19:
+        r = tl.where(x != 0, True, y != 0)
+    else:
+        r = (x != 0) != (y != 0)
     return r
 
 

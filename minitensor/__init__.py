@@ -5,7 +5,8 @@ the backend starts and Triton is imported at the first operation that needs them
 """
 import importlib
 
-from . import cuda
+from . import accelerator, cuda
+from .accelerator import get_device_module
 from .base import dtypes
 from .base.device import device
 from .base.dtypes import (bfloat16, bool_ as bool, dtype, float16, float32, float64, int8, int16, int32, int64,
@@ -13,8 +14,9 @@ from .base.dtypes import (bfloat16, bool_ as bool, dtype, float16, float32, floa
 from .base.errors import OutOfMemoryError
 from .core.shapes import broadcast_shapes
 from .core.storage import UntypedStorage
-from .creation import (arange, as_tensor, empty, empty_like, from_numpy, full, full_like, ones, ones_like, rand,
-                       rand_like, randint, randint_like, randn, randn_like, tensor, zeros, zeros_like)
+from .cuda.streams import GenericEvent as Event, GenericStream as Stream
+from .creation import (arange, as_tensor, empty, empty_like, empty_strided, from_numpy, full, full_like, ones,
+                       ones_like, rand, rand_like, randint, randint_like, randn, randn_like, tensor, zeros, zeros_like)
 from .interop import from_dlpack
 from .ops import pointwise
 from .ops.pointwise import add, clamp, sub, where

@@ -9,7 +9,7 @@ from .base.device import CPU
 from .core import fields
 from .core.host_arrays import checked_scalar, data_values, plain_number, python_number, to_storage_values
 from .core.layout import layout_number
-from .core.shapes import contiguous_strides, extent, new_shape, shape_arg
+from .core.shapes import contiguous_strides, extent, new_shape, shape_arg, storage_nbytes
 from .core.storage import UntypedStorage
 from .cuda import memory
 from .cuda.devices import as_device
@@ -139,6 +139,17 @@ def _empty_maker(size, dtype, device, pin_memory):
         storage = allocate(nbytes, device, allocator, 0 if handles is None else handles[index])
         return new_tensor(storage, shape, strides, 0, dtype, layout)
     return make
+
+
+def empty_strided(size, stride, dtype=None, device=None, pin_memory=False, requires_grad=False):
+    """Uninitialised memory viewed with these strides, its storage exactly what they reach (torch's)."""
+    shape, strides = shape_arg((size,)), shape_arg((stride,))
+    if len(shape) != len(strides):
+        raise RuntimeError(f"mismatch in length of strides and shape: {len(strides)} strides for shape {shape}")
+    dtype = dtypes.default_float if dtype is None else dtypes.dtype_arg(dtype, "empty_strided")
+    nbytes = storage_nbytes(shape, strides, 0, dtype.itemsize, "empty_strided")
+    base = empty(nbytes // dtype.itemsize, dtype=dtype, device=device, pin_memory=pin_memory)
+    return base.as_strided(shape, strides, 0)
 
 
 def full(size, fill_value, dtype=None, device=None, pin_memory=False, requires_grad=False):

@@ -264,10 +264,24 @@ class Tensor(TensorFields):
     def cuda(self, device=None, non_blocking=False):
         return self.to(cuda_device(device), non_blocking=non_blocking)
 
-    def type(self, dtype=None):
+    def type(self, dtype=None, non_blocking=False):
+        """Without an argument the type's name ("minitensor.cuda.FloatTensor"); with a dtype or such a name
+        (torch's spelling too), this tensor converted to it."""
         if dtype is None:
-            return f"minitensor.{'cuda.' if self.is_cuda else ''}{self.dtype.name}"
-        return self.to(dtype)
+            return dtypes.tensor_type_name(self.dtype, self.is_cuda)
+        if isinstance(dtype, str):
+            dtype, cuda = dtypes.from_tensor_type_name(dtype)
+            return self.to(cuda_device(None) if cuda else CPU, dtype, non_blocking=non_blocking)
+        return self.to(dtype, non_blocking=non_blocking)
+
+    def get_device(self):
+        """The cuda device's index, -1 on the CPU."""
+        return self.device.index if self.is_cuda else -1
+
+    def logical_not(self): return pointwise.logical_not(self)
+    def logical_not_(self): return pointwise.logical_not(self, out=self)
+    def square(self): return pointwise.square(self)
+    def square_(self): return pointwise.square(self, out=self)
 
     def float(self): return self.to(dtypes.float32)
     def double(self): return self.to(dtypes.float64)

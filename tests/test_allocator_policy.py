@@ -521,6 +521,7 @@ def test_settings_parse():
                              "pinned_use_background_threads:True")
     assert (s.pinned_use_host_register, s.pinned_num_register_threads, s.pinned_use_background_threads) == \
         (True, 8, True)
+    assert alloc_settings.parse("pinned_use_cuda_host_register:True").pinned_use_host_register  # torch's name
     assert alloc_settings.parse("") == alloc_settings.Settings()
 
 
@@ -548,7 +549,7 @@ def test_settings_reset_unspecified_device_options():
     ("max_split_size_mb:64:1", r"expected ',' after 'max_split_size_mb', found ':'"),
 ])
 def test_settings_errors_name_the_problem(text, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(RuntimeError, match=message):
         alloc_settings.parse(text)
 
 

@@ -47,6 +47,26 @@ def test_to_non_blocking(dst, non_blocking):
     assert b.is_pinned() == (non_blocking and dst == "cpu")
 
 
+def test_to_non_blocking_as_one_sequence():
+    """torch's test_to_non_blocking as written there: the four cases in one loop, each source (pinned or not)
+    and each result freed while the next case runs, so a freed pinned block's stream events must not leave the
+    stream busy after a blocking copy."""
+    stream = mt.cuda.current_stream()
+
+    def check(a, non_blocking, dst):
+        mt.cuda.synchronize()
+        mt.cuda.sleep(100)
+        b = a.to(device=dst, non_blocking=non_blocking)
+        assert stream.query() == (not non_blocking), (dst, non_blocking)
+        stream.synchronize()
+        np.testing.assert_array_equal(values(b), values(a))
+        assert b.is_pinned() == (non_blocking and dst == "cpu")
+
+    for dst, try_non_blocking in itertools.product(("cuda", "cpu"), (True, False)):
+        src = mt.randn(1000000, device="cuda" if dst == "cpu" else "cpu", pin_memory=dst == "cuda")
+        check(src, try_non_blocking, dst)
+
+
 def test_to_cpu_blocking_by_default():
     src = mt.randn(100000, device="cuda")
     mt.cuda.synchronize()

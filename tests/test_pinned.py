@@ -210,7 +210,7 @@ def test_active_stats_wait_for_recorded_streams():
 # ============================================================================================== settings
 def _register_mode():
     """torch's test_pinned_memory_with_cudaregister (sizes cut down for the simulator)."""
-    mt.cuda.memory.set_allocator_settings("pinned_use_host_register:True,pinned_num_register_threads:8")
+    mt.cuda.memory.set_allocator_settings("pinned_use_cuda_host_register:True,pinned_num_register_threads:8")
     t = mt.ones(20)
     assert not t.is_pinned()
     for n in (1 << 18, 1 << 21):
@@ -258,7 +258,7 @@ def test_host_register_blocks_copy_and_free():
 def test_pinned_memory_empty_cache():
     base = mt.cuda.host_memory_stats()["allocated_bytes.current"]
     for setting in (True, False):
-        mt.cuda.memory.set_allocator_settings(f"pinned_use_host_register:{setting}")
+        mt.cuda.memory.set_allocator_settings(f"pinned_use_cuda_host_register:{setting}")
         t = mt.ones(1 << 18, pin_memory=True)
         assert t.is_pinned()
         del t
@@ -267,9 +267,9 @@ def test_pinned_memory_empty_cache():
 
 
 def test_register_threads_setting_is_checked():
-    with pytest.raises(ValueError, match="pinned_num_register_threads"):
+    with pytest.raises(RuntimeError, match="pinned_num_register_threads"):
         mt.cuda.memory.set_allocator_settings("pinned_num_register_threads:3")
-    with pytest.raises(ValueError, match="pinned_use_background_threads"):
+    with pytest.raises(RuntimeError, match="pinned_use_background_threads"):
         mt.cuda.memory.set_allocator_settings("pinned_use_background_threads:yes")
 
 

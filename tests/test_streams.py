@@ -861,3 +861,16 @@ def test_an_event_destroyed_inside_a_locked_simulator_section_does_not_deadlock(
     worker.start()
     worker.join(10)
     assert not worker.is_alive(), "event_destroy waited for a lock its own thread holds"
+
+
+def test_a_second_simulator_does_not_hang_the_exit():
+    """Each simulator takes the interpreter's lock for good at exit; a second one (the test above makes one)
+    must not then wait for it for ever."""
+    out = run_python("""
+        import minitensor as mt
+        from minitensor.backends.sim import SimDriver
+        assert (mt.ones(3, device="cuda") + 1).tolist() == [2.0, 2.0, 2.0]
+        SimDriver()
+        print("OK")
+        """, extra_env={"MINITENSOR_BACKEND": "sim"}, timeout=60)
+    assert out.strip().splitlines()[-1] == "OK"

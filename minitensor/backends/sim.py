@@ -44,6 +44,7 @@ _ERRORS = {
 }
 # Triton's interpreter patches triton.language globally while a kernel runs: one kernel at a time.
 _INTERPRETER_LOCK = threading.Lock()
+_interpreter_held_at_exit = []  # non-empty once a simulator's exit has taken the lock for good
 _failures = itertools.count()  # orders the failures kept by different streams
 
 
@@ -199,11 +200,14 @@ class SimDriver(SimGraphs, SimVmm, Driver):
 
     def _close_streams(self):
         """At exit: stop every stream, then wait for a kernel still inside Triton's interpreter (a worker in it
-        while Python finalises aborts the process). The lock stays taken, so no worker enters it again."""
+        while Python finalises aborts the process). The lock stays taken, so no worker enters it again; another
+        simulator's close (a test may make one) finds it taken by this thread and does not wait for it."""
         for device in range(self._count):
             for stream in self._device_streams(device):
                 stream.close()
-        _INTERPRETER_LOCK.acquire()
+        if not _interpreter_held_at_exit:
+            _INTERPRETER_LOCK.acquire()
+            _interpreter_held_at_exit.append(True)
 
     # ------------------------------------------------------------------ devices
     def device_count(self):

@@ -56,6 +56,23 @@ TORCH_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short"
                "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double"}
 
 
+def tensor_type_name(dt, cuda):
+    """torch's legacy tensor type name in minitensor's package: "minitensor.cuda.FloatTensor"."""
+    return f"minitensor.{'cuda.' if cuda else ''}{TORCH_NAMES[dt.name]}Tensor"
+
+
+def from_tensor_type_name(name):
+    """(dtype, on cuda?) of a tensor type name, minitensor's or torch's ("torch.cuda.FloatTensor")."""
+    package, _, rest = name.partition(".")
+    cuda = rest.startswith("cuda.")
+    kind = rest[5:] if cuda else rest
+    by_torch_name = {f"{torch_name}Tensor": _BY_NAME[own] for own, torch_name in TORCH_NAMES.items()}
+    if package not in ("minitensor", "torch") or kind not in by_torch_name:
+        raise ValueError(f"invalid type: {name!r}; expected a name such as 'minitensor.cuda.FloatTensor' or "
+                         f"'torch.LongTensor'")
+    return by_torch_name[kind], cuda
+
+
 def _by_name(name):
     return _BY_NAME[name]
 

@@ -23,8 +23,8 @@ def check_index(index):
             if not _DEVICES:
                 _DEVICES.extend(_device_type("cuda", i) for i in range(active_driver().device_count()))
     if not isinstance(index, int) or not 0 <= index < len(_DEVICES):
-        raise RuntimeError(f"Invalid device index {index!r}: there are {len(_DEVICES)} cuda devices "
-                           f"(valid indices 0..{len(_DEVICES) - 1})")
+        raise RuntimeError(f"Device index value {index!r} is out of index range [0, {len(_DEVICES)}): there are "
+                           f"{len(_DEVICES)} cuda devices")
     return index
 
 

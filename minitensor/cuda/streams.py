@@ -1,10 +1,11 @@
-"""Streams and events, as torch.cuda has them.
+"""Streams and events, as torch has them: the device-generic `mt.Stream` and `mt.Event` (torch.Stream,
+torch.Event), and their subclasses `mt.cuda.Stream` and `mt.cuda.Event`, which every stream and event minitensor
+hands out is (users may subclass either).
 
 `Stream()` hands out streams from a per-device pool of 32 per priority, round-robin, as torch does:
 streams are never destroyed, so a handle cached by the allocator never comes back as another stream.
 The current stream is per thread and per device; the default is the legacy default stream (handle 0).
 """
-import itertools
 import threading
 
 from ..backends import active_driver
@@ -26,7 +27,8 @@ _pool_lock = threading.Lock()
 _pools = {}  # (device, high priority?) -> [handles], filled lazily
 _next_in_pool = {}
 _stream_ids = {0: 0}  # handle -> stream_id; the default stream is 0
-_event_ids = itertools.count(1)
+_stream_handles = {0: 0}  # stream_id -> handle
+CUDA_DEVICE_TYPE = 1  # torch's DeviceType value for cuda, what Stream.device_type gives
 
 
 def _driver():
@@ -49,13 +51,13 @@ def current_stream_handle(index):
 
 def checked_stream(s, what):
     """`s` if it is a Stream, else TypeError naming `what` (the argument that took it)."""
-    if not isinstance(s, Stream):
+    if not isinstance(s, GenericStream):
         raise TypeError(f"{what} must be a minitensor.cuda.Stream, not {type(s).__name__}")
     return s
 
 
 def _checked_event(e, what):
-    if not isinstance(e, Event):
+    if not isinstance(e, GenericEvent):
         raise TypeError(f"{what} must be a minitensor.cuda.Event, not {type(e).__name__}")
     return e
 
@@ -69,17 +71,24 @@ def _pooled_handle(index, priority):
         if len(pool) < _POOL_SIZE:
             handle = _driver().stream_create(index, -1 if priority < 0 else 0)
             pool.append(handle)
+            _stream_handles[len(_stream_ids)] = handle
             _stream_ids[handle] = len(_stream_ids)
             return handle
         return pool[n % _POOL_SIZE]
 
 
-class Stream:
-    """A queue of device work. Usable as a context manager that makes it (and its device) current."""
+class GenericStream:
+    """`mt.Stream(device=None, priority=0)`: a queue of device work (torch.Stream). Usable as a context manager
+    that makes it (and its device) current. `stream_id`, `device_index` and `device_type` name an existing
+    stream: `mt.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)` is
+    `s` again."""
 
     __slots__ = ("device", "cuda_stream", "priority", "_saved")
 
-    def __init__(self, device=None, priority=0, _handle=None):
+    def __init__(self, device=None, priority=0, *, stream_id=None, device_index=None, device_type=None,
+                 _handle=None):
+        if stream_id is not None or device_index is not None or device_type is not None:
+            device, _handle = _named_stream(stream_id, device_index, device_type)
         self.device = cuda_device(device)
         index = self.device.index
         priority = int_arg(priority, "Stream(): argument 'priority'")
@@ -93,7 +102,16 @@ class Stream:
         if stream_id is None:
             with _pool_lock:  # two threads' new handles must not both take the next id
                 stream_id = _stream_ids.setdefault(self.cuda_stream, len(_stream_ids))
+                _stream_handles[stream_id] = self.cuda_stream
         return stream_id
+
+    @property
+    def device_index(self):
+        return self.device.index
+
+    @property
+    def device_type(self):
+        return CUDA_DEVICE_TYPE
 
     def query(self):
         """True when all work queued on the stream has completed."""
@@ -143,13 +161,14 @@ class Stream:
         return 0, self.cuda_stream
 
     def __eq__(self, other):
-        return isinstance(other, Stream) and (self.device, self.cuda_stream) == (other.device, other.cuda_stream)
+        return isinstance(other, GenericStream) and (self.device, self.cuda_stream) == (other.device,
+                                                                                        other.cuda_stream)
 
     def __hash__(self):
         return hash((self.device, self.cuda_stream))
 
     def __repr__(self):
-        return f"<minitensor.cuda.Stream device={self.device} cuda_stream={self.cuda_stream:#x}>"
+        return f"<{_public_name(self)} device={self.device} cuda_stream={self.cuda_stream:#x}>"
 
     def __enter__(self):
         self._saved.append(_make_current(self))
@@ -158,6 +177,31 @@ class Stream:
     def __exit__(self, *exc):
         _restore(self._saved.pop())
         return False
+
+
+class Stream(GenericStream):
+    """`mt.cuda.Stream(device=None, priority=0)`, torch.cuda.Stream."""
+
+    __slots__ = ()
+
+
+def _named_stream(stream_id, device_index, device_type):
+    """(device index, handle) of the stream these name, as torch.cuda.Stream's keyword arguments do."""
+    if device_type not in (CUDA_DEVICE_TYPE, "cuda"):
+        raise ValueError(f"Stream(): device_type must be {CUDA_DEVICE_TYPE} (cuda), got {device_type!r}")
+    handle = _stream_handles.get(int_arg(stream_id, "Stream(): argument 'stream_id'"))
+    if handle is None:
+        raise ValueError(f"Stream(): no stream has stream_id {stream_id}")
+    return int_arg(device_index, "Stream(): argument 'device_index'"), handle
+
+
+def _public_name(obj):
+    """How a repr names minitensor's classes: by where users find them (mt.cuda.Stream, mt.Stream)."""
+    cls = type(obj)
+    if cls in (Stream, Event):
+        return f"minitensor.cuda.{cls.__name__}"
+    return "minitensor." + cls.__name__.replace("Generic", "") if cls in (GenericStream, GenericEvent) else \
+        f"{cls.__module__}.{cls.__qualname__}"
 
 
 class ExternalStream(Stream):
@@ -221,27 +265,35 @@ class stream:
         return False
 
 
-class Event:
-    """A marker in a stream. Created on the driver at its first record, on the recording stream's device."""
+class GenericEvent:
+    """`mt.Event(device=None, *, enable_timing=False, blocking=False, interprocess=False)`: a marker in a stream
+    (torch.Event). Created on the driver at its first record, on the recording stream's device; `event_id` and
+    `cuda_event` are its raw handle, 0 until then."""
 
-    __slots__ = ("enable_timing", "blocking", "_handle", "_device", "event_id", "_capture", "__weakref__")
+    __slots__ = ("enable_timing", "blocking", "_handle", "_device", "_capture", "__weakref__")
 
-    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+    def __init__(self, device=None, *, enable_timing=False, blocking=False, interprocess=False):
+        if device is not None:
+            cuda_device(device)  # checked: the device it is recorded on is the recording stream's
         if interprocess:
             raise NotImplementedError("interprocess events are not supported by minitensor")
         self.enable_timing = enable_timing
         self.blocking = blocking
         self._handle = None
         self._device = None
-        self.event_id = 0
         self._capture = None  # the capture of its last record, if recorded on a capturing stream
+
+    @property
+    def event_id(self):
+        return self._handle or 0
+
+    cuda_event = event_id
     def record(self, stream=None):
         stream = current_stream() if stream is None else checked_stream(stream, "record(): argument 'stream'")
         if self._handle is None:
             self._device = stream.device
             self._handle = stream._on_device(_driver().event_create, stream.device.index, self.enable_timing,
                                              self.blocking)
-            self.event_id = next(_event_ids)
         elif stream.device != self._device:
             raise RuntimeError(f"Event device {self._device} does not match recording stream's device "
                                f"{stream.device}")
@@ -285,4 +337,13 @@ class Event:
 
     def __repr__(self):
         state = f"cuda_event={self._handle:#x}" if self._handle is not None else "uninitialized"
-        return f"<minitensor.cuda.Event {state}>"
+        return f"<{_public_name(self)} {state}>"
+
+
+class Event(GenericEvent):
+    """`mt.cuda.Event(enable_timing=False, blocking=False, interprocess=False)`, torch.cuda.Event."""
+
+    __slots__ = ()
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        super().__init__(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)

@@ -29,8 +29,9 @@ _BINARY = {
     "maximum": (10, np.maximum), "minimum": (11, np.minimum),
     "eq": (12, np.equal), "ne": (13, np.not_equal), "lt": (14, np.less), "le": (15, np.less_equal),
     "gt": (16, np.greater), "ge": (17, np.greater_equal),
+    "logical_and": (18, np.logical_and), "logical_or": (19, np.logical_or), "logical_xor": (20, np.logical_xor),
 }
-_COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge"}
+_COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}  # bool results
 _BITWISE = {"bitwise_or", "bitwise_and", "bitwise_xor"}
 _BOOL_FORMS = {"add": "bitwise_or", "mul": "bitwise_and", "maximum": "bitwise_or", "minimum": "bitwise_and"}
 
@@ -47,7 +48,8 @@ _WHERE, _CLAMP = 0, 1
 
 # Named forms: Tensor methods with their in-place twins (tensor.py) and mt.* functions with out= (FUNCTIONS).
 BINARY_METHODS = ("mul", "div", "floor_divide", "remainder", "pow", "maximum", "minimum", "bitwise_and",
-                  "bitwise_or", "bitwise_xor", "eq", "ne", "lt", "le", "gt", "ge")
+                  "bitwise_or", "bitwise_xor", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+                  "logical_xor")
 UNARY_METHODS = tuple(name for name in _UNARY if name != "logical_not")
 ALIASES = {"multiply": "mul", "divide": "div", "true_divide": "div", "greater": "gt", "less": "lt",
            "greater_equal": "ge", "less_equal": "le", "not_equal": "ne", "negative": "neg", "absolute": "abs"}
@@ -381,6 +383,17 @@ def _unary_function(name):
     return function
 
 
+def logical_not(input, *, out=None):
+    """`input == 0`: True where input is zero (NaN is not), as bools, or in out's dtype."""
+    return binary("eq", input, 0, out)
+
+
+def square(input, *, out=None):
+    """`input ** 2`, with pow's types (a bool tensor squares to int64, as in torch)."""
+    return binary("pow", input, 2, out)
+
+
 FUNCTIONS = {name: _binary_function(name) for name in BINARY_METHODS}
 FUNCTIONS.update((name, _unary_function(name)) for name in UNARY_METHODS)
+FUNCTIONS.update(logical_not=logical_not, square=square)
 FUNCTIONS.update((alias, FUNCTIONS[name]) for alias, name in ALIASES.items())
