@@ -64,3 +64,23 @@ int saxpy(int n, float a, float *x, float *y) {
 
 }
 """
+
+
+def launched_behind_a_closed_gate(launch):
+    """Call `launch()` with a new side stream current that waits on a closed Gate, check that its work did not run
+    ahead of the gate (nor keep the default stream busy), open the gate, and make the current stream wait for it.
+    The kernel must have been loaded before: no kernel may be loaded behind a closed gate."""
+    mt.cuda.synchronize()
+    s = mt.cuda.Stream()
+    gate = mt.cuda.Gate()
+    try:
+        with mt.cuda.stream(s):
+            gate.wait()
+            launch()
+            done = mt.cuda.Event()
+            done.record()
+        assert not done.query(), "the kernel ran ahead of the closed gate on its stream"
+        assert mt.cuda.default_stream().query()
+    finally:
+        gate.open()
+    mt.cuda.current_stream().wait_event(done)

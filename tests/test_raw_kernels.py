@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import minitensor as mt
+from helpers import launched_behind_a_closed_gate
 
 pytestmark = pytest.mark.usefixtures("clean_cuda_state")
 SIM = mt.cuda.backend() == "sim"
@@ -160,19 +161,8 @@ def test_launch_on_a_side_stream_runs_in_its_order(module):
     x_np, x = _random(2048, seed=10)
     y = mt.zeros(2048, device="cuda")
     saxpy = module.get_function("saxpy")
-    mt.cuda.synchronize()
-    s = mt.cuda.Stream()
-    gate = mt.cuda.Gate()
-    try:
-        with mt.cuda.stream(s):
-            gate.wait()
-            saxpy(8, 256, (2048, 1.0, x, y))
-            done = mt.cuda.Event()
-            done.record()
-        assert not done.query(), "the kernel ran ahead of the closed gate on its stream"
-    finally:
-        gate.open()
-    mt.cuda.current_stream().wait_event(done)
+    saxpy.compile()
+    launched_behind_a_closed_gate(lambda: saxpy(8, 256, (2048, 1.0, x, y)))
     np.testing.assert_allclose(y.cpu().numpy(), x_np, rtol=1e-6)
 
 

@@ -12,7 +12,7 @@ import triton.language as tl
 
 import minitensor as mt
 from graph_helpers import capturing
-from helpers import run_python
+from helpers import launched_behind_a_closed_gate, run_python
 
 pytestmark = pytest.mark.usefixtures("clean_cuda_state")
 SIM = mt.cuda.backend() == "sim"
@@ -122,20 +122,7 @@ def test_launch_runs_on_the_current_side_stream_in_its_order():
     out = mt.zeros(2048, device="cuda")
     _add(x, x, out)  # compiled and loaded here: no kernel may be loaded behind a closed gate
     out.zero_()
-    mt.cuda.synchronize()
-    s = mt.cuda.Stream()
-    gate = mt.cuda.Gate()
-    try:
-        with mt.cuda.stream(s):
-            gate.wait()
-            _add(x, x, out)
-            done = mt.cuda.Event()
-            done.record()
-        assert not done.query(), "the kernel ran ahead of the closed gate on its stream"
-        assert mt.cuda.default_stream().query()
-    finally:
-        gate.open()
-    mt.cuda.current_stream().wait_event(done)
+    launched_behind_a_closed_gate(lambda: _add(x, x, out))
     np.testing.assert_allclose(out.cpu().numpy(), 3 * x_np, rtol=1e-6)
 
 
