@@ -20,17 +20,18 @@ class LoadedModule:
     def __init__(self, source, kind, options, name_expressions, device):
         self.signatures = cuda_signatures.parse(source)
         cxx_names = tuple(name for name, s in self.signatures.items() if not s.extern_c and not s.template)
-        props = active_driver().properties(device)
+        self._driver = driver = active_driver()
+        props = driver.properties(device)
         self.artifact = cuda_cache.compile(source, kind, options, arch=props.major * 10 + props.minor,
                                            name_expressions=tuple(dict.fromkeys((*name_expressions, *cxx_names))))
         self.device = device
         self._launchers = {}
-        if active_driver().interprets_kernels:
+        if driver.interprets_kernels:
             self._emulated = cuda_emulation.emulated_module(source, options)
         else:
             with open(self.artifact.path, "rb") as f:
                 image = f.read()
-            self._module, self._context = active_driver().load_module(device, image + b"\0" * (kind == "ptx"))
+            self._module, self._context = driver.load_module(device, image + b"\0" * (kind == "ptx"))
 
     def signature(self, name):
         """The kernel's signature; a clear error where Python cannot launch it."""
@@ -47,11 +48,11 @@ class LoadedModule:
         launch = self._launchers.get(name)
         if launch is None:
             kinds = self.signature(name).kinds
-            if active_driver().interprets_kernels:
-                launch = _emulated_launch(self._emulated.launcher(name), kinds)
+            if self._driver.interprets_kernels:
+                launch = _emulated_launch(self._driver, self._emulated.launcher(name), kinds)
             else:
                 lowered = self.artifact.lowered_names.get(name, name)
-                function = active_driver().module_function(self._module, lowered)
+                function = self._driver.module_function(self._module, lowered)
                 launch = native().RawLauncher(function, self._context, kinds.encode(), name)
             self._launchers[name] = launch
         return launch
@@ -67,10 +68,9 @@ def _why_not(signature):
             "unsigned, long long, unsigned long long, size_t, float and double")
 
 
-def _emulated_launch(prepare, kinds):
+def _emulated_launch(driver, prepare, kinds):
     """The simulator's launch: checked and its arguments packed now, the emulated kernel run on the stream's
     worker in the stream's order."""
-    driver = active_driver()
 
     def launch(grid, block, args, shared, stream):
         run = prepare(*cuda_arguments.dims(grid, "grid"), *cuda_arguments.dims(block, "block"),

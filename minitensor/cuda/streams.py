@@ -196,12 +196,9 @@ def _named_stream(stream_id, device_index, device_type):
 
 
 def _public_name(obj):
-    """How a repr names minitensor's classes: by where users find them (mt.cuda.Stream, mt.Stream)."""
+    """How a repr names a stream or event: minitensor's classes by where users find them, a user's by its own."""
     cls = type(obj)
-    if cls in (Stream, Event):
-        return f"minitensor.cuda.{cls.__name__}"
-    return "minitensor." + cls.__name__.replace("Generic", "") if cls in (GenericStream, GenericEvent) else \
-        f"{cls.__module__}.{cls.__qualname__}"
+    return _PUBLIC_NAMES.get(cls) or f"{cls.__module__}.{cls.__qualname__}"
 
 
 class ExternalStream(Stream):
@@ -347,3 +344,7 @@ class Event(GenericEvent):
 
     def __init__(self, enable_timing=False, blocking=False, interprocess=False):
         super().__init__(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
+
+_PUBLIC_NAMES = {GenericStream: "minitensor.Stream", Stream: "minitensor.cuda.Stream",
+                 GenericEvent: "minitensor.Event", Event: "minitensor.cuda.Event"}
