@@ -8,6 +8,8 @@ import math
 from .base import dtypes
 from .base.device import CPU
 from .core import fields, shapes
+from .core.shapes import Size
+from .core.to_arguments import parse_to
 from .core.alloc import empty, empty_pinned
 from .core.fields import TensorFields
 from .core.host_arrays import numpy_values, numpy_view
@@ -246,7 +248,7 @@ class Tensor(TensorFields):
         return self.fill_(0)
 
     def to(self, *args, **kwargs):
-        device, dtype, non_blocking, copy = _parse_to(args, kwargs)
+        device, dtype, non_blocking, copy = parse_to(args, kwargs)
         device = self.device if device is None else as_device(device)
         dtype = self.dtype if dtype is None else dtype
         if device == self.device and dtype is self.dtype and not copy:
@@ -446,40 +448,3 @@ def _add_pointwise_methods():
 _add_pointwise_methods()
 fields.register(Tensor, UntypedStorage)
 
-
-class Size(tuple):
-    """torch.Size: a tuple of ints with a torch-like repr."""
-
-    def __repr__(self):
-        return f"minitensor.Size({list(self)})"
-
-    def numel(self):
-        return math.prod(self)
-
-
-def _parse_to(args, kwargs):
-    """Tensor.to's overloads: to(dtype), to(device[, dtype]), to(tensor), and the keywords."""
-    device = kwargs.pop("device", None)
-    dtype = kwargs.pop("dtype", None)
-    if dtype is not None:
-        dtype = dtypes.dtype_arg(dtype, "to")
-    non_blocking = kwargs.pop("non_blocking", False)
-    copy = kwargs.pop("copy", False)
-    kwargs.pop("memory_format", None)
-    if kwargs:
-        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
-    args = list(args)
-    if args and isinstance(args[0], Tensor):
-        other = args.pop(0)
-        device, dtype = other.device, other.dtype
-    elif args and not isinstance(args[0], dtypes.dtype):
-        device = args.pop(0)
-    if args and isinstance(args[0], dtypes.dtype):
-        dtype = args.pop(0)
-    if args and isinstance(args[0], bool):
-        non_blocking = args.pop(0)
-    if args and isinstance(args[0], bool):
-        copy = args.pop(0)
-    if args:
-        raise TypeError(f"to() received an invalid combination of arguments: {args!r}")
-    return device, dtype, non_blocking, copy

@@ -331,3 +331,14 @@ def _is_integer(item):
     if isinstance(item, (numbers.Integral, np.integer)):
         return not isinstance(item, bool)
     return isinstance(item, TensorFields) and item.dim() == 0 and item.dtype.category == INT
+
+
+class Size(tuple):
+    """torch.Size: a tuple of ints with a torch-like repr."""
+
+    def __repr__(self):
+        return f"minitensor.Size({list(self)})"
+
+    def numel(self):
+        return math.prod(self)
+
