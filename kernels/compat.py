@@ -9,7 +9,8 @@ interpreter internals used here exist unchanged through 3.9).
 - `compile_cuda`: `triton.compile` with explicit divisibility attributes, returning the cubin and what
   minitensor's own launcher needs to call it.
 - `narrow`: float32 to bfloat16 rounded to nearest even in the interpreter too.
-- `libdevice`: Triton's on the GPU; numpy stand-ins for the few functions used, in the interpreter.
+- `libdevice`: Triton's on the GPU; numpy stand-ins for the few functions used (pow, tanh, rint, hypot, and
+  complex_math.py's exp, log1p, sinh, cosh, atan2, copysign), in the interpreter.
 - `dtype`: a Triton type from its name inside a kernel, so host code passes type names as constexprs without
   importing Triton.
 """
@@ -48,6 +49,18 @@ if INTERPRETED:
         @staticmethod
         def rint(x):
             return libdevice._apply(np.rint, x)
+
+        @staticmethod
+        def hypot(x, y):
+            return libdevice._apply(np.hypot, x, y)
+
+        # complex_math.py's
+        exp = staticmethod(lambda x: libdevice._apply(np.exp, x))
+        log1p = staticmethod(lambda x: libdevice._apply(np.log1p, x))
+        sinh = staticmethod(lambda x: libdevice._apply(np.sinh, x))
+        cosh = staticmethod(lambda x: libdevice._apply(np.cosh, x))
+        atan2 = staticmethod(lambda y, x: libdevice._apply(np.arctan2, y, x))
+        copysign = staticmethod(lambda x, y: libdevice._apply(np.copysign, x, y))
 else:
     from triton.language.extra import libdevice
 
@@ -72,7 +85,8 @@ else:
 
 
 _TYPES = {"i1": tl.int1, "u8": tl.uint8, "i8": tl.int8, "i16": tl.int16, "i32": tl.int32, "i64": tl.int64,
-          "fp16": tl.float16, "bf16": tl.bfloat16, "fp32": tl.float32, "fp64": tl.float64}
+          "u16": tl.uint16, "u32": tl.uint32, "u64": tl.uint64, "fp16": tl.float16, "bf16": tl.bfloat16,
+          "fp32": tl.float32, "fp64": tl.float64}
 
 
 @triton.constexpr_function
@@ -82,7 +96,7 @@ def dtype(name):
 
 
 _SCALAR_TYPES = {"i32": (np.int32, tl.int32), "i64": (np.int64, tl.int64), "u32": (np.uint32, tl.uint32),
-                 "fp32": (np.float32, tl.float32), "fp64": (np.float64, tl.float64)}
+                 "u64": (np.uint64, tl.uint64), "fp32": (np.float32, tl.float32), "fp64": (np.float64, tl.float64)}
 
 
 def _interpreted_value(np_type, tl_type):
@@ -112,10 +126,10 @@ def interpreter_arg_wrappers(signature):
 # Triton 3.6 appends two pointer parameters to every compiled kernel (global and profile scratch); minitensor's
 # kernels need neither, so its launcher passes null for both.
 _SCRATCH_KINDS = "nn"
-_PARAM_KINDS = {"i32": "i", "u32": "u", "i64": "l", "fp32": "f", "fp64": "d"}
+_PARAM_KINDS = {"i32": "i", "u32": "u", "i64": "l", "u64": "q", "fp32": "f", "fp64": "d"}
 
 
-def compile_cuda(kernel, signature, constexprs, aligned, capability, num_warps):
+def compile_cuda(kernel, signature, constexprs, aligned, capability, num_warps, num_stages):
     """Compile for a device of this capability and return what the launcher needs: the cubin, the kernel's
     name, its dynamic shared memory, num_warps, and a kind code per kernel parameter (see _launch.c).
 
@@ -126,7 +140,8 @@ def compile_cuda(kernel, signature, constexprs, aligned, capability, num_warps):
 
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
     metadata = compiled.metadata
     if metadata.global_scratch_size or metadata.profile_scratch_size:
         raise RuntimeError(f"kernel {metadata.name} needs scratch memory, which minitensor does not provide")

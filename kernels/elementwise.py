@@ -40,12 +40,15 @@ def _strided_offset(i, s1, s2, s3, t0, t1, t2, t3, RANK: tl.constexpr):
 
 @jit
 def _cast(x, OUT_BOOL: tl.constexpr, out_ty):
-    """Convert to the output's element type as torch does: to bool by `!= 0`, and to or from a half type
-    through float32 (the only bfloat16 conversions Triton's interpreter has; `narrow` rounds them right)."""
+    """Convert to the output's element type as torch does: to bool by `!= 0`, to or from a half type through
+    float32 (the only bfloat16 conversions Triton's interpreter has; `narrow` rounds them right), and from a
+    float to uint8 through int64, as c10's cast does (the GPU's own conversion would clamp -2.0 to 0, not 254)."""
     if OUT_BOOL:
         return x != 0
     if tl.constexpr(x.dtype.is_fp16() or x.dtype.is_bf16() or out_ty.is_fp16() or out_ty.is_bf16()):
         x = x.to(tl.float32)
+    if tl.constexpr(out_ty == tl.uint8 and x.dtype.is_floating()):
+        x = x.to(tl.int64)
     return narrow(x, out_ty)
 
 

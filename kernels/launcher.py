@@ -36,13 +36,14 @@ _native_lock = threading.Lock()
 closed_gates = set()
 
 
-def get(kernel, device, types, constexprs, aligned=(), num_warps=4):
+def get(kernel, device, types, constexprs, aligned=(), num_warps=4, num_stages=3):
     """The launch function of `kernel` ("module.function") for this signature.
 
     `types` gives a Triton type for each runtime parameter and `constexprs` a value for each constexpr
     parameter; constexpr parameters come last in every minitensor kernel. `aligned` holds the indices of
-    pointer parameters known to be 16-byte aligned and int parameters known to be divisible by 16."""
-    key = (kernel, device, types, constexprs, aligned, num_warps)
+    pointer parameters known to be 16-byte aligned and int parameters known to be divisible by 16.
+    `num_stages` is the depth of the software pipeline of loops over loads (Triton's default is 3)."""
+    key = (kernel, device, types, constexprs, aligned, num_warps, num_stages)
     launch = _compiled.get(key)
     if launch is None:
         with _lock:
@@ -52,7 +53,7 @@ def get(kernel, device, types, constexprs, aligned=(), num_warps=4):
     return launch
 
 
-def _load(kernel, device, types, constexprs, aligned, num_warps):
+def _load(kernel, device, types, constexprs, aligned, num_warps, num_stages):
     if closed_gates:
         raise RuntimeError(
             f"minitensor: kernel {kernel} is needed for the first time while a stream waits on a closed "
@@ -66,12 +67,13 @@ def _load(kernel, device, types, constexprs, aligned, num_warps):
                                 constexpr_values.values())
     props = driver.properties(device)
     capability = props.major * 10 + props.minor
-    entry = diskcache.path("kernels-" + _cache_key(kernel, types, constexprs, aligned, num_warps, capability))
+    entry = diskcache.path("kernels-" + _cache_key(kernel, types, constexprs, aligned, (num_warps, num_stages),
+                                                   capability))
     binary = _read_entry(entry)
     if binary is None:
         function = _function(kernel)
         binary = _compat().compile_cuda(function, *_signature(function, types, constexprs), aligned, capability,
-                                     num_warps)
+                                        num_warps, num_stages)
         cubin = binary.pop("cubin")
         diskcache.write(entry + ".cubin", cubin)  # the binary first: an entry counts once its .json exists
         diskcache.write(entry + ".json", json.dumps(binary).encode())
@@ -118,9 +120,9 @@ def _signature(function, types, constexprs):
     return signature, dict(zip(names[len(types):], constexprs))
 
 
-def _cache_key(kernel, types, constexprs, aligned, num_warps, capability):
-    """Everything the binary depends on: the signature, the device, and `_sources()`."""
-    digest = hashlib.sha256(repr((kernel, types, constexprs, aligned, num_warps, capability)).encode())
+def _cache_key(kernel, types, constexprs, aligned, options, capability):
+    """Everything the binary depends on: the signature, the compile options, the device, and `_sources()`."""
+    digest = hashlib.sha256(repr((kernel, types, constexprs, aligned, options, capability)).encode())
     digest.update(_sources())
     return digest.hexdigest()[:32]
 

@@ -1,5 +1,5 @@
-"""Launch plans of the elementwise kernels (kernels/elementwise.py): which kernel, which arguments, how many
-programs, worked out once per signature (dtypes, shape, strides) and kept.
+"""Launch plans of the elementwise kernels (kernels/elementwise.py; kernels/complex.py for complex types): which
+kernel, which arguments, how many programs, worked out once per signature (dtypes, shape, strides) and kept.
 
 As CuPy does: drop size-1 dims and merge dims that are contiguous in every operand, then pick the kernel by
 rank class, not by strides. Rank 1 with unit strides everywhere uses the `*_contiguous` kernel; rank 2 to 4
@@ -110,14 +110,55 @@ class _Plan:
 
 
 def _scalar_type(dtype):
-    """How a Python number travels to a kernel computing in `dtype`."""
-    return ("fp64" if dtype is dtypes.float64 else "fp32") if dtype.is_floating_point else "i64"
+    """How a Python number travels to a kernel computing in `dtype` (uint64's values need all 64 bits)."""
+    if dtype.is_floating_point:
+        return "fp64" if dtype is dtypes.float64 else "fp32"
+    return "u64" if dtype is dtypes.uint64 else "i64"
+
+
+# ---------------------------------------------------------------------------------------------- complex
+COPY = 17  # kernels/complex.py's unary op code for a copy with cast (its others are elementwise.py's codes)
+_COMPLEX, _NUMBER, _REAL = 0, 1, 3  # complex.py's operand kinds: complex tensor, (real, imag) scalars, real tensor
+
+
+class _PairScalars:
+    """A plan of complex.py's kernels, which take each number operand as two kernel scalars, its real and
+    imaginary parts. It has no inline fast path (`contiguous`): ops/runs.py calls `run`."""
+
+    __slots__ = ("run", "contiguous")
+
+    def __init__(self, plan):
+        run = plan.run
+        self.run = lambda stream, pointers, scalars: run(stream, pointers,
+                                                         [part for s in scalars for part in (s.real, s.imag)])
+        self.contiguous = None
+
+
+def _complex_plan(family, op, operand_dtypes, out_dtype, shape, strides_list, compute, device):
+    """A unary (neg, abs, conj, copy), binary or ternary (where) op computing in complex `compute`, operands complex
+    tensors, real tensors or numbers (None), as plans of complex.py's kernels; the output complex or real (abs,
+    comparisons, a copy to a real type)."""
+    part = compute.component.triton
+    pointers, kinds, sizes = [], [], []
+    for d in operand_dtypes:
+        pointers.append("*" + (d.component or d).triton if d is not None else "*i8")
+        kinds.append(_NUMBER if d is None else _COMPLEX if d.is_complex else _REAL)
+        sizes.append(1 if d is None else d.itemsize)
+    pointers.append("*" + (out_dtype.component or out_dtype).triton)
+    scalars = (part,) * (2 * len(operand_dtypes)) if family != "unary" else ()
+    constexprs = (op, *kinds, part, 0 if out_dtype.is_complex else 1, out_dtype is dtypes.bool_)
+    return _PairScalars(_Plan(device, tuple(pointers), scalars, shape, list(strides_list), sizes + [out_dtype.itemsize],
+                              f"complex.{family}_contiguous", f"complex.{family}_strided", constexprs))
 
 
 @functools.lru_cache(maxsize=4096)
 def fill_plan(dtype, shape, strides, device):
     """run(stream, (ptr,), (value,)): t[...] = value, the value already a number of t's category (torch
     converts fill values through float unless the tensor is double)."""
+    if dtype.is_complex:
+        part = dtype.component.triton
+        return _PairScalars(_Plan(device, ("*" + part,), (part, part), shape, [strides], [dtype.itemsize],
+                                  "complex.fill_contiguous", "complex.fill_strided", ()))
     return _Plan(device, ("*" + dtype.triton,), (_scalar_type(dtype),), shape, [strides], [dtype.itemsize],
                  "elementwise.fill_contiguous", "elementwise.fill_strided", (dtype is dtypes.bool_,))
 
@@ -125,6 +166,10 @@ def fill_plan(dtype, shape, strides, device):
 @functools.lru_cache(maxsize=4096)
 def copy_plan(src_dtype, dst_dtype, shape, src_strides, dst_strides, device):
     """run(stream, (src_ptr, dst_ptr), ()): dst[...] = src cast to dst's dtype; src has dst's shape."""
+    if src_dtype.is_complex or dst_dtype.is_complex:
+        compute = dst_dtype if dst_dtype.is_complex else src_dtype
+        return _complex_plan("unary", COPY, (src_dtype,), dst_dtype, shape, (src_strides, dst_strides), compute,
+                             device)
     return _Plan(device, ("*" + src_dtype.triton, "*" + dst_dtype.triton), (), shape, [src_strides, dst_strides],
                  [src_dtype.itemsize, dst_dtype.itemsize], "elementwise.copy_contiguous", "elementwise.copy_strided",
                  (dst_dtype is dtypes.bool_,))
@@ -133,6 +178,8 @@ def copy_plan(src_dtype, dst_dtype, shape, src_strides, dst_strides, device):
 @functools.lru_cache(maxsize=4096)
 def unary_plan(op, x_dtype, out_dtype, shape, x_strides, out_strides, compute, device):
     """run(stream, (x_ptr, out_ptr), ()): out[...] = op(x) computed in `compute`."""
+    if compute.is_complex:
+        return _complex_plan("unary", op, (x_dtype,), out_dtype, shape, (x_strides, out_strides), compute, device)
     return _Plan(device, ("*" + x_dtype.triton, "*" + out_dtype.triton), (), shape, [x_strides, out_strides],
                  [x_dtype.itemsize, out_dtype.itemsize], "elementwise.unary_contiguous", "elementwise.unary_strided",
                  (op, compute.triton, out_dtype is dtypes.bool_))
@@ -157,6 +204,9 @@ def binary_plan(op, a_dtype, b_dtype, out_dtype, shape, a_strides, b_strides, ou
 
     A None dtype marks a Python-number operand: its pointer is 0 and its value travels as a kernel scalar
     (zero strides, so the three operands share one layout)."""
+    if compute.is_complex:
+        return _complex_plan("binary", op, (a_dtype, b_dtype), out_dtype, shape, (a_strides, b_strides, out_strides),
+                             compute, device)
     pointers, scalars, kinds, sizes = _operand_types((a_dtype, b_dtype), compute)
     return _Plan(device, pointers + ("*" + out_dtype.triton,), scalars, shape, [a_strides, b_strides, out_strides],
                  sizes + [out_dtype.itemsize], "elementwise.binary_contiguous", "elementwise.binary_strided",
@@ -169,6 +219,9 @@ def ternary_plan(op, a_dtype, b_dtype, c_dtype, out_dtype, shape, a_strides, b_s
     """run(stream, (a_ptr, b_ptr, c_ptr, out_ptr), (a_scalar, b_scalar, c_scalar)): where(a, b, c) (op 0) or
     clamp(a, b, c) (op 1) in `compute`; the where condition stays bool. Operand dtypes as in binary_plan, or
     ABSENT for a clamp bound not given."""
+    if compute.is_complex:  # where; complex types have no clamp
+        return _complex_plan("ternary", op, (a_dtype, b_dtype, c_dtype), out_dtype, shape,
+                             (a_strides, b_strides, c_strides, out_strides), compute, device)
     pointers, scalars, kinds, sizes = _operand_types((a_dtype, b_dtype, c_dtype), compute)
     a_compute = a_dtype.triton if op == 0 else compute.triton
     return _Plan(device, pointers + ("*" + out_dtype.triton,), scalars, shape,

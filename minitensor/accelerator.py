@@ -3,6 +3,7 @@ once for whichever device a machine has. minitensor's accelerator is `cuda` (a G
 call is `mt.cuda`'s, under torch's generic name."""
 from . import cuda
 from .base.device import device as _device
+from .cuda.device_modules import module_for
 from .cuda.devices import device as _device_context
 
 __all__ = ["get_device_module", "current_accelerator", "current_device_idx", "current_device_index", "current_stream", "device_count",
@@ -86,12 +87,11 @@ def reset_peak_memory_stats(device_index=None):
 
 def get_device_module(device=None):
     """The module of a device type, torch.get_device_module: `mt.cuda` for "cuda" (a device or its string) and
-    for None (the current accelerator)."""
-    kind = device if device is None or isinstance(device, str) else getattr(device, "type", device)
-    if kind is None or kind == "cuda" or (isinstance(kind, str) and kind.startswith("cuda:")):
+    for None (the current accelerator); a registered type's DeviceModule (cuda/device_modules.py) for it."""
+    if device is None:
         return cuda
-    raise RuntimeError(f"Device '{device}' does not have a corresponding module registered as "
-                       f"'minitensor.{kind}'")
+    kind = device.partition(":")[0] if isinstance(device, str) else getattr(device, "type", device)
+    return cuda if kind == "cuda" else module_for(kind)
 
 
 def get_memory_info(device_index=None):

@@ -8,7 +8,7 @@ from .base import dtypes
 from .base.device import CPU
 from .core import fields
 from .core.host_arrays import checked_scalar, data_values, plain_number, python_number, to_storage_values
-from .core.layout import layout_number
+from .core.layout import device_key, layout_number
 from .core.shapes import contiguous_strides, extent, new_shape, shape_arg, storage_nbytes
 from .core.storage import UntypedStorage
 from .cuda import memory
@@ -73,8 +73,9 @@ def _tensor(data, dtype, device):
     if isinstance(data, np.generic):  # a number, checked like one, that keeps its dtype as in torch
         dtype = dtype or dtypes.from_numpy(data.dtype)
     items, types = _python_data(data)
-    if dtype is None:  # torch's inference: the default float if any element is a float, else int64, else bool
-        dtype = (dtypes.default_float if float in types or not types else dtypes.int64 if int in types
+    if dtype is None:  # torch's inference: complex64 if any element is complex, the default float if any is a
+        dtype = (dtypes.complex64 if complex in types else  # float, else int64, else bool
+                 dtypes.default_float if float in types or not types else dtypes.int64 if int in types
                  else dtypes.bool_)
     return _from_host(data_values(items, types, dtype), dtype, device)
 
@@ -101,7 +102,7 @@ def _python_data(data):
     return walk(data, 0), types
 
 
-_empty_makers = {}  # (size, dtype, device index, pin_memory) -> make() -> a new tensor of that kind
+_empty_makers = {}  # (size, dtype, device key, pin_memory) -> make() -> a new tensor of that kind
 
 
 def empty(*size, dtype=None, device=None, pin_memory=False, requires_grad=False):
@@ -110,7 +111,7 @@ def empty(*size, dtype=None, device=None, pin_memory=False, requires_grad=False)
     if dtype is None:
         dtype = dtypes.default_float
     device = CPU if device is None else as_device(device)
-    key = (size, dtype, device.index, pin_memory)  # a device's index says which one it is (None: the CPU)
+    key = (size, dtype, device_key(device), pin_memory)  # cuda's index says which one it is (None: the CPU)
     try:
         make = _empty_makers.get(key)
     except TypeError:  # a list size: unhashable, no memo
@@ -123,14 +124,14 @@ def empty(*size, dtype=None, device=None, pin_memory=False, requires_grad=False)
 def _empty_maker(size, dtype, device, pin_memory):
     shape, dtype, pin_memory = new_shape(size), dtypes.dtype_arg(dtype, "empty"), _flag(pin_memory, "pin_memory")
     nbytes, strides = math.prod(shape) * dtype.itemsize, contiguous_strides(shape)
-    layout = layout_number(dtype, shape, strides, device.index)
+    layout = layout_number(dtype, shape, strides, device_key(device))
     if pin_memory:
         if device.type != "cpu":
             raise RuntimeError(f"Only dense CPU tensors can be pinned (pin_memory=True with device {device})")
         pinned, new_tensor = UntypedStorage._pinned, fields.tensor
         return lambda: new_tensor(pinned(nbytes), shape, strides, 0, dtype, layout)
-    if device.type == "cpu":
-        return lambda: Tensor(UntypedStorage(nbytes), shape, strides, 0, dtype, layout)
+    if device.type != "cuda":  # the CPU, or a registered device type (its allocator is UntypedStorage's choice)
+        return lambda: Tensor(UntypedStorage(nbytes, device), shape, strides, 0, dtype, layout)
     index, allocator = device.index, memory.allocator(device.index)
     allocate, new_tensor = fields.allocate, fields.tensor
 
@@ -184,8 +185,8 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
         raise RuntimeError("upper bound and lower bound inconsistent with step sign")
     dtype = _dtype(dtype, None, "arange") or result_type(start, end, step)
     device = _device(device)
-    if dtype is dtypes.bool_:
-        raise NotImplementedError(f"\"arange_{device.type}\" not implemented for 'Bool'")
+    if dtype is dtypes.bool_ or dtype.is_complex or dtype in dtypes.SHELL_UINTS:
+        raise NotImplementedError(f"\"arange_{device.type}\" not implemented for '{dtypes.TORCH_NAMES[dtype.name]}'")
     if not dtype.is_floating_point:
         for x in (start, end, step):
             checked_scalar(dtypes.int64, x)

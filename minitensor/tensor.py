@@ -14,10 +14,11 @@ from .core.alloc import empty, empty_pinned
 from .core.fields import TensorFields
 from .core.host_arrays import numpy_values, numpy_view
 from .core.storage import UntypedStorage
+from .core.typed_storage import tensor_storage
 from .cuda.devices import as_device, cuda_device
 from .cuda.streams import checked_stream
 from .interop import cuda_array_interface, dlpack_device, to_dlpack, to_numpy_array
-from .ops import indexing, pointwise, random, reductions
+from .ops import complex_views, index_put, indexing, matmul as products, pointwise, random, reductions
 from .ops.copy import copy_, fill_
 from .ops.format import format_tensor
 
@@ -79,6 +80,8 @@ class Tensor(TensorFields):
     def untyped_storage(self):
         return self._storage
 
+    storage = tensor_storage  # a TypedStorage of this dtype over the whole storage (core/typed_storage.py)
+
     def is_contiguous(self):
         return shapes.is_contiguous(self._shape, self._stride)
 
@@ -88,6 +91,12 @@ class Tensor(TensorFields):
 
     def is_floating_point(self):
         return self.dtype.is_floating_point
+
+    is_complex = complex_views.is_complex
+    real = property(complex_views.real)  # views of a complex tensor's parts (ops/complex_views.py)
+    imag = property(complex_views.imag)
+    conj = complex_views.conj
+    __complex__ = lambda self: complex(self._only_element())  # noqa: E731 (complex(t) of a one-element tensor)
 
     def __len__(self):
         if not self._shape:
@@ -201,6 +210,8 @@ class Tensor(TensorFields):
     # gather / index_select (ops/indexing.py): bound as methods, so t.gather(dim, index) is one call
     gather = indexing.gather
     index_select = indexing.index_select
+    index_put_ = index_put.index_put_  # ops/index_put.py
+    index_put = index_put.index_put
 
     def __iter__(self):
         if not self._shape:
@@ -358,8 +369,8 @@ class Tensor(TensorFields):
     def record_stream(self, stream):
         """Mark the memory as used by `stream`: it is not reused until that stream's work queued so far
         is done, even after the tensor is freed."""
-        if self.device.type != "cuda":
-            raise RuntimeError("record_stream expects a cuda tensor")
+        if self.device.type == "cpu":
+            raise RuntimeError("record_stream expects a cuda tensor (or one on a registered device type)")
         handle = checked_stream(stream, "record_stream(): argument 'stream'").cuda_stream
         storage = self._storage
         if storage._allocator is not None:  # external memory (DLPack, CAI): its owner frees it, as in torch
@@ -417,7 +428,8 @@ _OPERATORS = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "floor
 
 
 def _add_pointwise_methods():
-    """The operators, and the methods that are a named op and its in-place form (`t.mul(u)`, `t.mul_(u)`)."""
+    """The operators, the methods that are a named op and its in-place form (`t.mul(u)`, `t.mul_(u)`), and the
+    matrix products (`@`, `t.mm(u)`, ..., ops/matmul.py)."""
     def binary_method(name, in_place):
         if name == "pow":
             return (lambda self, other: pointwise.power(self, other, out=self)) if in_place else pointwise.power
@@ -440,6 +452,10 @@ def _add_pointwise_methods():
     for name in pointwise.UNARY_METHODS:
         setattr(Tensor, name, unary_method(name, False))
         setattr(Tensor, name + "_", unary_method(name, True))
+    for name in products.METHODS:
+        setattr(Tensor, name, getattr(products, name))
+    Tensor.__matmul__ = products.matmul
+    Tensor.__rmatmul__ = lambda self, other: products.matmul(other, self)
     for alias, name in pointwise.ALIASES.items():
         setattr(Tensor, alias, getattr(Tensor, name))
         setattr(Tensor, alias + "_", getattr(Tensor, name + "_"))

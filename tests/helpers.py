@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import minitensor as mt
@@ -84,3 +85,27 @@ def launched_behind_a_closed_gate(launch):
     finally:
         gate.open()
     mt.cuda.current_stream().wait_event(done)
+
+
+INT_RANGE = {"uint8": (0, 256), "int8": (-128, 128), "int16": (-2**15, 2**15), "int32": (-2**31, 2**31),
+             "int64": (-2**63, 2**63)}
+
+
+def random_values(rng, shape, name, quarters=127):
+    """Random values of dtype `name` as numpy: integers over the dtype's whole range, half types multiples of 1/4
+    up to `quarters` quarters either way (exact in float16 and bfloat16, and so are small sums of them)."""
+    shape = tuple(shape)
+    if name == "bool":
+        return rng.random(shape) < 0.5
+    if name in INT_RANGE:
+        lo, hi = INT_RANGE[name]
+        return rng.integers(lo, hi, size=shape, dtype=np.int64 if name != "uint8" else np.uint8).astype(name)
+    if name in ("float16", "bfloat16"):
+        return (rng.integers(-quarters, quarters + 1, size=shape) / 4.0).astype(np.float32)
+    return rng.standard_normal(shape).astype(name)
+
+
+def host(t):
+    """A tensor's values as numpy (bfloat16 as float32)."""
+    t = t.cpu()
+    return (t.float() if t.dtype == mt.bfloat16 else t).numpy()

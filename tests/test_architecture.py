@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"minitensor.base": 0, "minitensor.backends": 1, "minitensor.allocator": 2, "minitensor.kernels": 3,
           "minitensor.cuda": 4, "minitensor.core": 5, "minitensor.ops": 6, "minitensor.interop": 6,
           "minitensor.tensor": 7, "minitensor.creation": 7, "minitensor.serialization": 8, "minitensor": 9,
-          "minitensor.memory_viz": 9, "minitensor.accelerator": 9}
+          "minitensor.memory_viz": 9, "minitensor.accelerator": 9, "minitensor.nn": 9}
 # one module each; the others are folders
 FILE_LAYERS = {"minitensor.tensor", "minitensor.creation", "minitensor", "minitensor.memory_viz",
                "minitensor.accelerator"}

@@ -30,8 +30,8 @@ FACTORIES = {  # name -> call with dtype=d
 def test_a_dtype_that_is_no_dtype_raises_type_error(function, bad):
     """torch: "zeros(): argument 'dtype' must be torch.dtype, not str"; here the message also lists the dtypes."""
     with pytest.raises(TypeError, match=f"^{function}\\(\\): argument 'dtype' must be minitensor.dtype, not "
-                                        f"{type(bad).__name__}: one of mt.bool, mt.uint8, .*mt.float64, or "
-                                        f"Python's bool, int or float$"):
+                                        f"{type(bad).__name__}: one of mt.bool, mt.uint8, .*mt.complex128, or "
+                                        f"Python's bool, int, float or complex$"):
         FACTORIES[function](bad)
 
 

@@ -398,3 +398,11 @@ def test_device_to_host_copy_into_a_read_only_memmap_is_refused(tmp_path):
         print(float(mapped.sum()))
     """)
     assert out.split() == ["refused", "True", "refused", "True", str(float(sum(range(1024))))]
+
+
+@pytest.mark.parametrize("src_dtype", [mt.float16, mt.bfloat16, mt.float32, mt.float64], ids=str)
+def test_negative_floats_to_uint8_wrap_through_int64(device, src_dtype):
+    """c10 casts a float to uint8 through int64, so -2.0 is 254 on both devices (a GPU's own conversion clamps
+    to 0)."""
+    t = mt.tensor([-2.0, -1.5, -256.0, 300.0, 7.75], dtype=src_dtype, device=device)
+    assert t.to(mt.uint8).tolist() == [254, 255, 0, 44, 7]

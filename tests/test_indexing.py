@@ -10,34 +10,15 @@ from hypothesis import given, settings, strategies as st
 
 import minitensor as mt
 
+from helpers import host, random_values
+
 DEVICES = ["cpu", "cuda"]
 NAMES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
-INT_RANGE = {"uint8": (0, 256), "int8": (-128, 128), "int16": (-2**15, 2**15), "int32": (-2**31, 2**31),
-             "int64": (-2**63, 2**63)}
 HYP = settings(max_examples=25, deadline=None)
 
 
 def D(name):
     return getattr(mt, name)
-
-
-def values(rng, shape, name):
-    """Random values of dtype `name`, as numpy (half types: quarters, exact in float16 and bfloat16)."""
-    shape = tuple(shape)
-    if name == "bool":
-        return rng.random(shape) < 0.5
-    if name in INT_RANGE:
-        lo, hi = INT_RANGE[name]
-        return rng.integers(lo, hi, size=shape, dtype=np.int64 if name != "uint8" else np.uint8).astype(name)
-    if name in ("float16", "bfloat16"):
-        return (rng.integers(-127, 128, size=shape) / 4.0).astype(np.float32)
-    return rng.standard_normal(shape).astype(name)
-
-
-def host(t):
-    """A tensor's values as numpy (bfloat16 as float32)."""
-    t = t.cpu()
-    return (t.float() if t.dtype == mt.bfloat16 else t).numpy()
 
 
 def check(t, expected, name, device):
@@ -113,7 +94,7 @@ def gather_cases(draw):
 def test_gather_matches_numpy(device, case, name, data, seed):
     in_shape, dim, index_shape = case
     rng = np.random.default_rng(seed)
-    src_np, src = make_view(data.draw(layouts(len(in_shape))), in_shape, lambda s: values(rng, s, name), name,
+    src_np, src = make_view(data.draw(layouts(len(in_shape))), in_shape, lambda s: random_values(rng, s, name), name,
                             device)
     size = (in_shape or (1,))[dim]
     idx_np, idx = make_view(data.draw(layouts(len(index_shape))), index_shape,
@@ -194,7 +175,7 @@ def test_gather_from_empty_dim_raises(device):
 def test_gather_takes_an_int32_index(device, name):
     """As torch 2.x (and index_select): int32 indices gather what int64 ones do, and are checked the same way."""
     rng = np.random.default_rng(5)
-    src = values(rng, (4, 6), name)
+    src = random_values(rng, (4, 6), name)
     x = mt.tensor(src, dtype=D(name), device=device)
     idx = rng.integers(0, 6, (4, 9))
     for layout in (lambda t: t, lambda t: t.t().contiguous().t(), lambda t: t[:, ::2]):
@@ -257,7 +238,7 @@ def index_select_cases(draw):
 def test_index_select_matches_numpy(device, case, name, index_type, data, seed):
     in_shape, dim, count, index_0d = case
     rng = np.random.default_rng(seed)
-    src_np, src = make_view(data.draw(layouts(len(in_shape))), in_shape, lambda s: values(rng, s, name), name,
+    src_np, src = make_view(data.draw(layouts(len(in_shape))), in_shape, lambda s: random_values(rng, s, name), name,
                             device)
     size = (in_shape or (1,))[dim]
     index_shape = () if index_0d else (count,)
@@ -278,7 +259,7 @@ def test_index_select_whole_rows(device, name):
     """Selecting along a leading dim moves whole contiguous rows: rows whose starts are all 16-byte aligned
     (vector copies) and rows that are not (odd row length, or a view starting mid-row)."""
     rng = np.random.default_rng(sum(map(ord, name)))
-    even, odd = values(rng, (5, 7, 32), name), values(rng, (4, 6, 33), name)
+    even, odd = random_values(rng, (5, 7, 32), name), random_values(rng, (4, 6, 33), name)
     t_even, t_odd = mt.tensor(even, dtype=D(name), device=device), mt.tensor(odd, dtype=D(name), device=device)
     views = [(even, t_even), (even[:, 2:], t_even[:, 2:]), (even[:, :, 1:], t_even[:, :, 1:]), (odd, t_odd)]
     for view_np, view in views:
@@ -377,7 +358,7 @@ def test_setitem_broadcast_matches_numpy(device, data, name, value_name, seed):
     device. Values are integers in [0, 100], exact in every dtype, so the cast is plain."""
     rng = np.random.default_rng(seed)
     shape = tuple(data.draw(st.integers(1, 4)) for _ in range(data.draw(st.integers(1, 3))))
-    base = values(rng, shape, name)
+    base = random_values(rng, shape, name)
     t = mt.tensor(base, dtype=D(name), device=device)
     index = tuple(slice(data.draw(st.integers(0, n - 1)), None, data.draw(st.integers(1, 2))) for n in shape)
     target_shape = base[index].shape

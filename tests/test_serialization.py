@@ -37,8 +37,9 @@ def describe(obj, groups):
         return {"tensor": obj.dtype.name, "shape": list(obj.shape), "stride": list(obj.stride()),
                 "offset": obj.storage_offset(), "storage": _group(obj.untyped_storage(), groups),
                 "device": str(obj.device), "values": obj.tolist()}
-    if isinstance(obj, mt.UntypedStorage):
-        return {"storage": _group(obj, groups), "nbytes": obj.nbytes()}
+    if isinstance(obj, (mt.UntypedStorage, mt.TypedStorage)):
+        untyped = obj if isinstance(obj, mt.UntypedStorage) else obj.untyped()
+        return {"storage": _group(untyped, groups), "nbytes": untyped.nbytes()}
     if isinstance(obj, collections.OrderedDict):
         return {"OrderedDict": [[describe(k, groups), describe(v, groups)] for k, v in obj.items()]}
     if isinstance(obj, dict):
@@ -158,9 +159,10 @@ def test_seed_list_holding_tensors_and_a_storage():
     """test_serialization_array_with_storage: [x, y, x, y.storage()] keeps its identities and sharing."""
     x, y, x2, y_storage = mt.load(fixture("storage_list.pt"))
     assert x is x2 and x.dtype is mt.float32 and y.dtype is mt.int32
-    assert isinstance(y_storage, mt.UntypedStorage) and y_storage is y.untyped_storage()
+    assert isinstance(y_storage, mt.TypedStorage) and y_storage.untyped() is y.untyped_storage()
+    assert y_storage.dtype is mt.int32 and y_storage.type() == "minitensor.IntStorage"
     y.fill_(10)
-    assert np.frombuffer(y_storage._array, np.int32).tolist() == [10] * 10
+    assert y_storage.tolist() == [10] * 10
 
 
 def test_seed_list_with_empty_tensor_on_cuda():
@@ -199,8 +201,10 @@ def test_mt_save_names_the_prefix_like_torch(tmp_path):
 
 
 def test_unsupported_dtype_and_legacy_format_are_refused_clearly():
-    with pytest.raises(pickle.UnpicklingError, match=r"torch\.uint16.*minitensor does not have"):
-        mt.load(fixture("uint16.pt"))
+    loaded = mt.load(fixture("uint16.pt"))  # torch writes uint16 as an UntypedStorage and _rebuild_tensor_v3
+    assert loaded.dtype is mt.uint16 and loaded.tolist() == [1, 2]
+    with pytest.raises(pickle.UnpicklingError, match=r"torch\.float8_e4m3fn.*minitensor does not have"):
+        load_bytes(archive({"data.pkl": b"\x80\x02ctorch\nfloat8_e4m3fn\n.", "data/0": bytes(4)}))
     with pytest.raises(RuntimeError, match="legacy format"):
         mt.load(fixture("legacy.pt"))
 
@@ -721,8 +725,8 @@ BAD_SAFETENSORS = [
      "MetadataIncompleteBuffer"),
     (_safetensors_file({"x": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}, b"\0"),
      "MetadataIncompleteBuffer"),
-    (_safetensors_file({"x": {"dtype": "U16", "shape": [1], "data_offsets": [0, 2]}}, b"\0\0"),
-     "dtype U16, which minitensor does not have"),
+    (_safetensors_file({"x": {"dtype": "F8_E5M2", "shape": [1], "data_offsets": [0, 1]}}, b"\0"),
+     "dtype F8_E5M2, which minitensor does not have"),
 ]
 
 

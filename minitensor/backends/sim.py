@@ -180,9 +180,10 @@ class SimDriver(SimGraphs, SimVmm, Driver):
     interprets_kernels = True
     host_waits = True  # a stream is a host thread: it can sleep, or wait for a gate, itself
 
-    def __init__(self):
-        count = _env_int("MINITENSOR_SIM_DEVICES", 1, 1, "an integer")
-        capacity = _env_int("MINITENSOR_SIM_MEMORY", 4 << 30, ALIGNMENT, "an integer number of bytes")
+    def __init__(self, devices=None, memory=None):
+        """`devices` and `memory` (bytes per device) default to MINITENSOR_SIM_DEVICES and MINITENSOR_SIM_MEMORY."""
+        count = devices or _env_int("MINITENSOR_SIM_DEVICES", 1, 1, "an integer")
+        capacity = memory or _env_int("MINITENSOR_SIM_MEMORY", 4 << 30, ALIGNMENT, "an integer number of bytes")
         self._capacity = capacity
         self._count = count
         self._arenas = [None] * count  # mapped on first use

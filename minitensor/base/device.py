@@ -1,9 +1,21 @@
-"""`mt.device`: a device type ("cpu" or "cuda") and an optional index."""
+"""`mt.device`: a device type ("cpu", "cuda", or one a third party registered) and an optional index."""
 import re
 
 from .arguments import int_arg
 
-_DEVICE_RE = re.compile(r"(cpu|cuda)(?::(0|[1-9][0-9]*))?")  # whole strings only (fullmatch), ASCII digits, as torch
+_DEVICE_RE = re.compile(r"([a-z][a-z0-9_]*)(?::(0|[1-9][0-9]*))?")  # whole strings (fullmatch), ASCII digits, as torch
+_TYPE_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
+_TYPES = {"cpu", "cuda"}  # and those added by register_type
+
+
+def register_type(name):
+    """Let device strings name a new device type (minitensor.backends.register_device_type calls this)."""
+    if not isinstance(name, str) or not _TYPE_NAME_RE.fullmatch(name):
+        raise ValueError(f"a device type name must be lowercase letters, digits and '_', starting with a letter; "
+                         f"got {name!r}")
+    if name in _TYPES:
+        raise RuntimeError(f"device type '{name}' is already registered")
+    _TYPES.add(name)
 
 
 class device:
@@ -18,7 +30,7 @@ class device:
         if not isinstance(type, str):
             raise TypeError(f"device() expects a string or a device, got {type!r}")
         m = _DEVICE_RE.fullmatch(type)
-        if m is None:
+        if m is None or m.group(1) not in _TYPES:
             raise RuntimeError(f"Invalid device string: '{type}'")
         if m.group(2) is not None and index is not None:
             raise RuntimeError(f"type (string) must not include an index because index was passed explicitly: "

@@ -21,9 +21,15 @@ def layout_number(dtype, shape, stride, index):
     return _layouts.setdefault(key, next(_next_layout)) if number is None else number
 
 
+def device_key(device):
+    """What layout numbers know a device by: its index for cpu (None) and cuda, the device itself for a type a
+    third party registered, whose indices repeat cuda's (its tensors must never meet a cuda op's fast path)."""
+    return device.index if device.type == "cuda" or device.type == "cpu" else device
+
+
 def layout_of(t):
     """t's layout number, worked out on first use and kept (a tensor's metadata never changes)."""
     number = t._layout
     if number is None:
-        number = t._layout = layout_number(t.dtype, t._shape, t._stride, t.device.index)
+        number = t._layout = layout_number(t.dtype, t._shape, t._stride, device_key(t.device))
     return number

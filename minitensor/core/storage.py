@@ -4,7 +4,8 @@ A CPU storage is a numpy uint8 array (shared with numpy when it came from `from_
 storage is a numpy array over a block of the host caching allocator, which it gives back when the last
 reference goes. A cuda storage owns one allocator block and gives it back when the last reference goes, or
 wraps memory another library allocated (CUDA array interface, DLPack), which that library frees through the
-storage's `_owner`.
+storage's `_owner`. A storage on a device type a third party registered holds a block of that type's allocator
+(cuda/device_modules.py).
 """
 import pickle
 
@@ -13,6 +14,7 @@ import numpy as np
 from ..base.arguments import int_arg
 from ..base.device import CPU
 from ..cuda import host_memory, memory, transfer
+from ..cuda.device_modules import module_for
 from ..cuda.devices import as_device, cuda_device
 from ..cuda.streams import current_stream_handle
 from .fields import StorageFields, allocate, storage as new_storage
@@ -32,6 +34,9 @@ class UntypedStorage(StorageFields):
         if device.type == "cpu":
             return new_storage(CPU, nbytes, np.empty(nbytes, np.uint8), None, None, None)
         index = device.index
+        if device.type != "cuda":
+            module = module_for(device.type)
+            return allocate(nbytes, device, module.allocator(index), module.current_stream_handle(index))
         return allocate(nbytes, device, memory.allocator(index), current_stream_handle(index))
 
     @staticmethod
@@ -101,13 +106,16 @@ class UntypedStorage(StorageFields):
         target = cuda_device(device)
         return self if self.device == target else self._copy_to(target, non_blocking)
 
+    def to(self, *, device, non_blocking=False):
+        """This storage if it is on `device` (any type), else a copy there (torch's keyword-only signature)."""
+        target = as_device(device)
+        return self if self.device == target else self._copy_to(target, non_blocking)
+
     def _copy_to(self, device, non_blocking=False):
         """A copy of the bytes on `device`, with torch's rules for copies between devices (cuda/transfer.py)."""
         out = UntypedStorage(self._nbytes, device)
         if self._nbytes:
-            host = self if self.device.type == "cpu" else out
-            transfer.copy_bytes(out.data_ptr(), out.device.index, self.data_ptr(), self.device.index, self._nbytes,
-                                non_blocking, host.is_pinned(), host._block)
+            copy_storage_bytes(out, 0, self, 0, self._nbytes, non_blocking)
         return out
 
     def __reduce_ex__(self, protocol):
@@ -120,12 +128,31 @@ class UntypedStorage(StorageFields):
         return f"minitensor.UntypedStorage(nbytes={self._nbytes}, device={self.device})"
 
 
+def copy_storage_bytes(dst, dst_offset, src, src_offset, nbytes, non_blocking=False):
+    """`nbytes` from `src` (at byte `src_offset`) into `dst` (at `dst_offset`): storages on any two devices. A
+    registered device type's copies go through the host, one side at a time (cuda/device_modules.py)."""
+    dst_ptr, src_ptr = dst.data_ptr() + dst_offset, src.data_ptr() + src_offset
+    registered = next((d for d in (dst.device, src.device) if d.type not in ("cpu", "cuda")), None)
+    if registered is None:
+        host = src if src.device.type == "cpu" else dst
+        transfer.copy_bytes(dst_ptr, dst.device.index, src_ptr, src.device.index, nbytes, non_blocking,
+                            host.is_pinned(), host._block)
+    elif src.device.type != "cpu" and dst.device.type != "cpu":
+        staged = UntypedStorage(nbytes)
+        copy_storage_bytes(staged, 0, src, src_offset, nbytes)
+        copy_storage_bytes(dst, dst_offset, staged, 0, nbytes)
+    else:
+        module_for(registered.type).copy_bytes(dst_ptr, None if dst.device.type == "cpu" else dst.device.index,
+                                               src_ptr, None if src.device.type == "cpu" else src.device.index,
+                                               nbytes)
+
+
 def _rebuild_storage(data, device):
     """Unpickle a storage (see UntypedStorage.__reduce_ex__): over the unpickled buffer when it is
     writable, else over a copy."""
     array = np.frombuffer(data, np.uint8)
     storage = UntypedStorage._from_array(array if array.flags.writeable else array.copy())
-    return storage if device == "cpu" else storage.cuda(device)
+    return storage if device == "cpu" else storage._copy_to(as_device(device))
 
 
 class _ExternalBlock:

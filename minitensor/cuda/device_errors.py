@@ -1,9 +1,9 @@
 """Errors found by kernels on a device, raised on the host in the thread whose op launched the kernel.
 
-A gather or index_select kernel that meets an out-of-range index masks it and writes the bad index and an info
-word (which op, dim, size) into an error record: two int64 words of pinned host memory that kernels write
-through the same address (unified addressing). Each thread has its own record per device, and an op passes the
-calling thread's. A record per device (or per stream: threads share the default stream) would hand one
+A gather, index_select or index_put_ kernel that meets an out-of-range index masks it and writes the bad index
+and an info word (which op, dim, size) into an error record: two int64 words of pinned host memory that kernels
+write through the same address (unified addressing). Each thread has its own record per device, and an op
+passes the calling thread's. A record per device (or per stream: threads share the default stream) would hand one
 thread's error to whichever thread synchronises first.
 
 The rule, on both backends: the IndexError is raised in the thread that launched the kernel, by its first
@@ -29,7 +29,8 @@ import warnings
 
 from ..backends import active_driver
 
-GATHER, INDEX_SELECT = 1, 2  # the ops that write records, as the info word names them
+GATHER, INDEX_SELECT, INDEX_PUT = 1, 2, 3  # the ops that write records, as the info word names them
+_OP_NAMES = {GATHER: "gather", INDEX_SELECT: "index_select", INDEX_PUT: "index_put_"}
 RECORD_BYTES = 16  # the bad index, then the info word
 RECORDS_PER_CHUNK = 256  # records per pinned allocation (4 KiB)
 _free = collections.deque()  # records no thread holds, (ctypes array, address), the longest free first
@@ -111,15 +112,15 @@ def info_word(op, dim, size):
 
 
 def message(op, value, dim, size):
-    """torch's words for an out-of-range index of gather or index_select."""
+    """torch's words for an out-of-range index of gather, index_select or index_put_."""
     text = f"index {value} is out of bounds for dimension {dim} with size {size}"
-    return text if op == GATHER else "index out of range in self: " + text
+    return "index out of range in self: " + text if op == INDEX_SELECT else text
 
 
 def _describe(device, value, info):
     op = info & 3
-    return (f"{message(op, value, (info >> 2) & 0x3FFF, info >> 16)} (found by the "
-            f"{'gather' if op == GATHER else 'index_select'} kernel on cuda:{device})")
+    return (f"{message(op, value, (info >> 2) & 0x3FFF, info >> 16)} (found by the {_OP_NAMES[op]} kernel on "
+            f"cuda:{device})")
 
 
 def raise_pending(device=None):

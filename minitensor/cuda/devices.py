@@ -5,7 +5,7 @@ current device. `as_device` is the one place device arguments of the whole libra
 """
 import threading
 
-from ..backends import active_driver
+from ..backends import active_driver, registered_driver
 from ..base.device import CPU, device as _device_type
 from ..base.errors import CudaError
 from . import capturing
@@ -14,6 +14,7 @@ from .device_errors import raise_pending
 _DEVICES = []  # one canonical mt.device("cuda", i) per device
 _devices_lock = threading.Lock()
 _named = {}  # device string -> the device it always names: factories take strings on every call
+_registered = {}  # registered device type -> its canonical devices
 
 
 def check_index(index):
@@ -22,10 +23,24 @@ def check_index(index):
         with _devices_lock:
             if not _DEVICES:
                 _DEVICES.extend(_device_type("cuda", i) for i in range(active_driver().device_count()))
-    if not isinstance(index, int) or not 0 <= index < len(_DEVICES):
-        raise RuntimeError(f"Device index value {index!r} is out of index range [0, {len(_DEVICES)}): there are "
-                           f"{len(_DEVICES)} cuda devices")
+    return _in_range(index, len(_DEVICES), "cuda")
+
+
+def _in_range(index, count, type_name):
+    if not isinstance(index, int) or not 0 <= index < count:
+        raise RuntimeError(f"Device index value {index!r} is out of index range [0, {count}): there are {count} "
+                           f"{type_name} devices")
     return index
+
+
+def registered_device(d):
+    """The canonical mt.device of a registered device type's device `d` (its index None: the current one)."""
+    devices = _registered.get(d.type)
+    driver = registered_driver(d.type)
+    if devices is None:
+        devices = _registered.setdefault(d.type, [_device_type(d.type, i) for i in range(driver.device_count())])
+    index = driver.current_device() if d.index is None else d.index
+    return devices[_in_range(index, len(devices), d.type)]
 
 
 def index_of(d):
@@ -53,7 +68,7 @@ def as_device(d):
             return named
         parsed = _device_type(d)
         named = _resolve(parsed)
-        if parsed.index is not None or named is CPU or len(_DEVICES) == 1:
+        if parsed.index is not None or named is CPU or (parsed.type == "cuda" and len(_DEVICES) == 1):
             _named[d] = named  # "cuda" names the current device, which is always cuda:0 on a one-GPU machine
         return named
     if isinstance(d, int):
@@ -64,9 +79,9 @@ def as_device(d):
 
 
 def _resolve(d):
-    if d.type != "cuda":
-        return CPU
-    return _DEVICES[check_index(current_device() if d.index is None else d.index)]
+    if d.type == "cuda":
+        return _DEVICES[check_index(current_device() if d.index is None else d.index)]
+    return CPU if d.type == "cpu" else registered_device(d)
 
 
 def is_available():

@@ -84,6 +84,11 @@ _CODES = {
     dtypes.bfloat16: (DLDataTypeCode.kDLBfloat, 16),
     dtypes.float32: (DLDataTypeCode.kDLFloat, 32),
     dtypes.float64: (DLDataTypeCode.kDLFloat, 64),
+    dtypes.uint16: (DLDataTypeCode.kDLUInt, 16),
+    dtypes.uint32: (DLDataTypeCode.kDLUInt, 32),
+    dtypes.uint64: (DLDataTypeCode.kDLUInt, 64),
+    dtypes.complex64: (DLDataTypeCode.kDLComplex, 64),
+    dtypes.complex128: (DLDataTypeCode.kDLComplex, 128),
 }
 _DTYPES = {code: dtype for dtype, code in _CODES.items()}
 
@@ -338,6 +343,5 @@ def _dtype_of(dl_dtype):
         except ValueError:
             kind = f"code {dl_dtype.code}"
         raise TypeError(f"DLPack dtype ({kind}, bits={dl_dtype.bits}, lanes={dl_dtype.lanes}) is not supported: "
-                        "minitensor has bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32 and "
-                        "float64, one lane each")
+                        f"minitensor has {', '.join(d.name for d in _CODES)}, one lane each")
     return dtype

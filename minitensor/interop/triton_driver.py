@@ -115,4 +115,7 @@ def _argument(value):
         return value
     if value.device.type != "cuda":
         raise ValueError(f"a Triton kernel takes cuda tensors, got a tensor on {value.device}")
+    if value.dtype.is_complex:  # as on a GPU, where Triton finds no type for it either
+        raise TypeError(f"a Triton kernel cannot take a {value.dtype} tensor: Triton has no complex type; pass "
+                        "mt.view_as_real(t), its (real, imag) float pairs")
     return user_kernels.pointer_argument(value.data_ptr(), value.dtype.triton)

@@ -12,13 +12,19 @@
   at once.
 - Casts and broadcasts run on a cuda device when non_blocking (so nothing waits on the host), else on the side
   where the data is smaller; non-contiguous tensors go through a contiguous temporary on their own device.
+- A device type a third party registered runs none of minitensor's kernels: copies to and from it work on the
+  host, moving the bytes its tensor spans, and the host waits for them.
 """
+import warnings
+
 import numpy as np
 
+from ..base.device import CPU
 from ..core import fields
 from ..core.alloc import empty
 from ..core.host_arrays import checked_scalar, numpy_values, numpy_view, to_storage_values
 from ..core.shapes import OVERLAP, broadcast_shapes, expanded, overlaps_itself
+from ..core.storage import UntypedStorage, copy_storage_bytes
 from ..cuda import transfer
 from ..cuda.streams import current_stream_handle
 from .runs import kernels
@@ -39,6 +45,9 @@ def fill_(t, value):
     value = fill_value(t.dtype, value)
     if t.device.type == "cpu":
         numpy_view(t)[...] = to_storage_values(np.array(value), t.dtype)
+    elif registered(t.device):
+        if 0 not in t._shape:
+            _copy_registered(t, fields.tensor(UntypedStorage(t.dtype.itemsize), (), (), 0, t.dtype).fill_(value))
     elif 0 not in t._shape:
         plan = kernels().plans.fill_plan(t.dtype, t._shape, t._stride, t.device.index)
         plan.run(current_stream_handle(t.device.index), (t.data_ptr(),), (value,))
@@ -56,10 +65,17 @@ def copy_(dst, src, non_blocking=False):
     if 0 in dst._stride and overlaps_itself(dst._shape, dst._stride):
         raise RuntimeError(OVERLAP)  # as torch: which of the elements sharing a location wins is not defined
     _check_no_partial_overlap(dst, src)
+    if src.dtype.is_complex and not dst.dtype.is_complex:
+        warnings.warn("Casting complex values to real discards the imaginary part", UserWarning, stacklevel=3)
     if src.device != dst.device:
-        _copy_across(dst, src, non_blocking)
+        if registered(src.device) or registered(dst.device):
+            _copy_registered(dst, src)
+        else:
+            _copy_across(dst, src, non_blocking)
     elif dst.device.type == "cpu":
         numpy_view(dst)[...] = to_storage_values(numpy_values(src.expand(dst._shape)), dst.dtype)
+    elif registered(dst.device):
+        _copy_registered(dst, src)
     else:
         src_stride = expanded(src._shape, src._stride, dst._shape)[1]
         plan = kernels().plans.copy_plan(src.dtype, dst.dtype, dst._shape, src_stride, dst._stride, dst.device.index)
@@ -110,6 +126,36 @@ def _copy_across(dst, src, non_blocking):
                         host._storage._block)
     if target is not dst:
         copy_(dst, target)  # on dst's device: broadcast, cast, strides
+
+
+def registered(device):
+    """Whether `device` is of a type a third party registered (neither cpu nor cuda)."""
+    return device.type != "cpu" and device.type != "cuda"
+
+
+def _copy_registered(dst, src):
+    """dst[...] = src where a side is on a registered device type: the cast, broadcast and strides are worked
+    on the host, and the registered side's bytes move through it."""
+    if registered(src.device):
+        copy_(dst, _span_on_host(src))
+    elif src.device.type != "cpu":
+        copy_(dst, src.cpu())
+    elif dst.is_contiguous():
+        staged = empty(dst._shape, dst.dtype, CPU)
+        copy_(staged, src)
+        copy_storage_bytes(dst._storage, dst._offset * dst.dtype.itemsize, staged._storage, 0, staged.nbytes)
+    else:
+        host = _span_on_host(dst)
+        copy_(host, src)
+        copy_storage_bytes(dst._storage, dst._offset * dst.dtype.itemsize, host._storage, 0, host._storage._nbytes)
+
+
+def _span_on_host(t):
+    """A CPU tensor with t's shape and strides over a copy of the bytes t spans (t has elements)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(t._shape, t._stride))
+    staged = UntypedStorage(span * t.dtype.itemsize)
+    copy_storage_bytes(staged, 0, t._storage, t._offset * t.dtype.itemsize, staged._nbytes)
+    return fields.tensor(staged, t._shape, t._stride, 0, t.dtype)
 
 
 def _on_device_as(src, shape, dtype):

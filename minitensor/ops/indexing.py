@@ -1,5 +1,6 @@
-"""`gather`, `index_select` and item assignment (`t[idx] = value`): torch's checks and shapes here, the work
-in the gather kernels (kernels/index.py) for cuda tensors and in numpy for CPU tensors.
+"""`gather`, `index_select` and item assignment (`t[idx] = value`; with tensor indices: index_put.py): torch's
+checks and shapes here, the work in the gather kernels (kernels/index.py) for cuda tensors and in numpy for CPU
+tensors.
 
 Out-of-range indices (negative ones too: neither op wraps them, as in torch) are never read. On the CPU they
 raise IndexError at the call. On cuda the kernel masks them (their output elements are 0) and writes the bad
@@ -28,7 +29,9 @@ from ..core.shapes import OVERLAP, contiguous_strides, normalize_dim, overlaps_i
 from ..cuda import capturing, memory
 from ..cuda.device_errors import GATHER, INDEX_SELECT, info_word, message, thread_records
 from ..cuda.streams import Stream, _tls as _streams_tls, current_stream_handle
+from . import complex_views, index_put, support
 from .runs import kernels
+from .typing import refuse_registered
 
 # ---------------------------------------------------------------------------------------------- public API
 def _cached(name, checked, doc):
@@ -58,7 +61,10 @@ def _signature(input, dim, index):
 
 def setitem(t, index, value):
     """t[index] = value: a number fills, a tensor is cast and broadcast into the indexed view. As in torch,
-    leading size-1 dims of the value are dropped first, so t[0] = ones(1, 3) writes a row."""
+    leading size-1 dims of the value are dropped first, so t[0] = ones(1, 3) writes a row. Tensor indices are
+    advanced indexing: index_put.py."""
+    if index_put.has_tensor(index):
+        return index_put.setitem(t, index, value)
     target = t[index]
     if isinstance(value, fields.TensorFields):
         shape = value._shape
@@ -102,6 +108,8 @@ def _gather_checked(input, dim, index, key, runs):
     _tensor_arg("gather", 3, index)
     dim = _dim_arg("gather", dim, input.dim())
     _same_device(input, index)
+    refuse_registered(input.device, "gather")
+    support.check_indexing("gather", input.dtype, input.device)
     in_shape = input._shape or (1,)
     index_shape = index._shape or (1,)
     if index.numel():  # torch checks nothing more for an empty index
@@ -115,6 +123,8 @@ def _gather_checked(input, dim, index, key, runs):
                                    f"be smaller than self {list(input._shape)} apart from dimension {dim}")
     if input.device.type == "cpu":
         return _gather_numpy(input, dim, index)
+    if input.dtype.itemsize > 8:  # complex128: the kernels move elements of up to 8 bytes
+        return complex_views.gather_pairs(gather, input, dim, index)
     in_stride = input._stride or (1,)
     base = tuple(0 if d == dim else s for d, s in enumerate(in_stride[:len(index_shape)]))
     run = _cuda_run(GATHER, input, index, dim, index._shape, index_shape, index._stride or (1,), base,
@@ -129,6 +139,8 @@ def _index_select_checked(input, dim, index, key, runs):
     _tensor_arg("index_select", 3, index)
     dim = _dim_arg("index_select", dim, input.dim())
     _same_device(input, index)
+    refuse_registered(input.device, "index_select")
+    support.check_indexing("index_select", input.dtype, input.device)
     count = index.numel()
     if index.dim() > 1:
         raise IndexError("index_select(): Index is supposed to be a vector")
@@ -139,6 +151,8 @@ def _index_select_checked(input, dim, index, key, runs):
     out_shape = input._shape[:dim] + (count,) + input._shape[dim + 1:] if input.dim() else ()
     if input.device.type == "cpu":
         return _index_select_numpy(input, dim, index, out_shape)
+    if input.dtype.itemsize > 8:  # complex128: the kernels move elements of up to 8 bytes
+        return complex_views.index_select_pairs(index_select, input, dim, index)
     in_shape = input._shape or (1,)
     in_stride = input._stride or (1,)
     kernel_shape = in_shape[:dim] + (count,) + in_shape[dim + 1:]

@@ -16,6 +16,7 @@ from ..core.alloc import empty
 from ..core.host_arrays import checked_scalar, numpy_values, numpy_view, to_storage_values
 from ..core.layout import layout_of
 from ..core.shapes import OVERLAP, broadcast_shapes, overlaps_itself
+from . import support
 from .runs import cuda_run, number_converter
 from .typing import (check_cast, check_out_shape, common_device, compute_type, not_implemented, operand_value,
                      result_type)
@@ -41,7 +42,7 @@ _UNARY = {
     "rsqrt": (5, lambda x: 1 / np.sqrt(x)), "sin": (6, np.sin), "cos": (7, np.cos), "tanh": (8, np.tanh),
     "sigmoid": (9, lambda x: 1 / (1 + np.exp(-x))), "relu": (10, lambda x: np.where(x < 0, x.dtype.type(0), x)),
     "floor": (11, np.floor), "ceil": (12, np.ceil), "round": (13, np.rint), "bitwise_not": (14, np.invert),
-    "logical_not": (15, np.logical_not),
+    "logical_not": (15, np.logical_not), "conj": (16, np.conjugate),  # conj: complex only (kernels/complex.py)
 }
 _FLOAT_FUNCTIONS = {"exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid"}
 _WHERE, _CLAMP = 0, 1
@@ -50,7 +51,7 @@ _WHERE, _CLAMP = 0, 1
 BINARY_METHODS = ("mul", "div", "floor_divide", "remainder", "pow", "maximum", "minimum", "bitwise_and",
                   "bitwise_or", "bitwise_xor", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
                   "logical_xor")
-UNARY_METHODS = tuple(name for name in _UNARY if name != "logical_not")
+UNARY_METHODS = tuple(name for name in _UNARY if name not in ("logical_not", "conj"))
 ALIASES = {"multiply": "mul", "divide": "div", "true_divide": "div", "greater": "gt", "less": "lt",
            "greater_equal": "ge", "less_equal": "le", "not_equal": "ne", "negative": "neg", "absolute": "abs"}
 
@@ -127,8 +128,10 @@ def unary_method(name):
 
 def power(a, b, out=None):
     """`a ** b`: an integer exponent's sign matters to the checks, but not to the cached signature."""
-    if type(b) is int and b < 0 and isinstance(a, fields.Tensor) and not a.dtype.is_floating_point:
+    if type(b) is int and b < 0 and isinstance(a, fields.Tensor) and a.dtype.category < dtypes.FLOAT:
         raise RuntimeError("Integers to negative integer powers are not allowed.")
+    if type(b) in (int, bool) and isinstance(a, fields.Tensor) and a.dtype in dtypes.SHELL_UINTS:
+        support.check_binary("pow", a.dtype, a.device, b)  # torch computes only the exponents 0 and 1
     return binary("pow", a, b, out)
 
 
@@ -151,7 +154,7 @@ def unary(name, x, out=None):
         return run(x, out)
     if not isinstance(x, fields.Tensor):
         raise TypeError(f"{name}(): argument 'input' must be Tensor, not {type(x).__name__}")
-    op, result, compute = _unary_types(name, x.dtype, out)
+    op, result, compute = _unary_types(name, x.dtype, x.device, out)
     return _dispatch(key, ("unary", op), (x,), result, compute, result, out)
 
 
@@ -196,6 +199,7 @@ def clamp(input, min=None, max=None, *, out=None):
     result = result_type(input, *bounds)
     if result is dtypes.bool_:
         raise RuntimeError(not_implemented("clamp", input.device, dtypes.bool_))
+    support.check_binary("clamp", result, input.device)
     return _dispatch(key, ("ternary", _CLAMP), (input, min, max), result, compute_type(result), result, out)
 
 
@@ -212,17 +216,18 @@ def _binary_types(name, a, b, out):
     if name == "sub" and any(bools):
         raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying "
                            "to invert a mask, use the `~` or `logical_not()` operator instead.")
-    if name == "div" and not result.is_floating_point:
+    if name == "div" and result.category < dtypes.FLOAT:
         result = dtypes.default_float
     if out is not None and name not in _COMPARISONS:
         check_cast(result, out)
+    support.check_binary(name, result, device, b)
     if name in _BITWISE and result.is_floating_point:
         raise RuntimeError(not_implemented(name, device, result))
     if name == "pow" and result is dtypes.bool_ and type(b) is bool:
         name = "ge"  # torch's pow copies x for an exponent of 1 and gives 1 for 0: for bools, x ** e is x >= e
     if name in ("floor_divide", "remainder", "pow") and result is dtypes.bool_:
         raise RuntimeError(not_implemented(name, device, result))
-    if name == "pow" and not result.is_floating_point and isinstance(b, int) and b < 0:
+    if name == "pow" and result.category < dtypes.FLOAT and isinstance(b, int) and b < 0:
         raise RuntimeError("Integers to negative integer powers are not allowed.")
     if result is dtypes.bool_ and name in _BOOL_FORMS:
         name = _BOOL_FORMS[name]
@@ -230,9 +235,17 @@ def _binary_types(name, a, b, out):
     return _BINARY[name][0], result, compute_type(result), out_dtype
 
 
-def _unary_types(name, dtype, out=None):
+def _unary_types(name, dtype, device, out=None):
     """(kernel op, result dtype, compute dtype) of `name(x)` for an x of `dtype`, or torch's error. The ops
-    other than the float functions keep the dtype, and so must `out` (torch checks it before the dtype)."""
+    other than the float functions keep the dtype (complex abs gives the real type), and so must `out` (torch
+    checks it before the dtype)."""
+    support.check_unary(name, dtype, device)
+    if dtype.is_complex:
+        result = dtype.component if name == "abs" else dtype
+        if out is not None and out.dtype is not result:
+            names = dtypes.TORCH_NAMES
+            raise RuntimeError(f"Found dtype {names[out.dtype.name]} but expected {names[result.name]}")
+        return _UNARY[name][0], result, dtype
     if name in _FLOAT_FUNCTIONS:
         result = dtype if dtype.is_floating_point else dtypes.default_float
         return _UNARY[name][0], result, compute_type(result)
@@ -273,8 +286,8 @@ def _dispatch(key, kernel, operands, result, compute, out_dtype, out):
     """Check devices and shapes, then run on the CPU or build, remember and call the cuda fast path.
     `operands` may hold tensors, Python numbers and None (a clamp bound not given)."""
     Tensor = fields.Tensor
-    if compute is not result and any(isinstance(x, Tensor) and x.dtype not in (result, dtypes.bool_)
-                                     for x in operands):
+    if compute is not result and not compute.is_complex and any(
+            isinstance(x, Tensor) and x.dtype not in (result, dtypes.bool_) for x in operands):
         # a half-type result: torch rounds tensor operands of other types to it before computing in float32
         operands = tuple(x.to(result) if isinstance(x, Tensor) and x.dtype is not dtypes.bool_ else x
                          for x in operands)
@@ -332,6 +345,8 @@ def _run_numpy(kernel, operands, shape, result, compute, out, stored):
             function = next(f for o, f in _UNARY.values() if o == op)
             rounding = op in (_UNARY["floor"][0], _UNARY["ceil"][0], _UNARY["round"][0])
             r = values(0) if rounding and not compute.is_floating_point else function(values(0))
+        elif family == "binary" and compute.is_complex and op == _BINARY["pow"][0]:
+            r = _complex_pow(values(0), values(1), *(not isinstance(x, Tensor) for x in operands))
         elif family == "binary":
             a, b = values(0), values(1)
             r = _numpy_binary(op, a, b, compute)
@@ -369,6 +384,22 @@ def _int_pow(a, b):
     return np.where(b < 0, unit, r)
 
 
+def _complex_pow(a, b, a_is_number, b_is_number):
+    """Complex powers as torch's CPU kernels and kernels/complex_math.py compute them: exp(b log a) (cpow), except
+    that a number exponent of 0, 1, 2, 3, -2, 0.5, -0.5 or -1 gives 1 or the product, root or quotient it stands
+    for, and a number base of 1 gives 1."""
+    r = np.exp(b * np.log(a))
+    if a_is_number and a == 1:
+        return np.ones_like(r)
+    if b_is_number and b.imag == 0 and b.real.item() in _SPECIAL_EXPONENTS:
+        return np.broadcast_to(_SPECIAL_EXPONENTS[b.real.item()](a), r.shape)
+    return r
+
+
+_SPECIAL_EXPONENTS = {0: np.ones_like, 1: lambda a: a, 2: lambda a: a * a, 3: lambda a: a * a * a,
+                      -2: lambda a: 1 / (a * a), 0.5: np.sqrt, -0.5: lambda a: 1 / np.sqrt(a), -1: lambda a: 1 / a}
+
+
 def _binary_function(name):
     def function(input, other, *, out=None):
         return power(input, other, out) if name == "pow" else binary(name, input, other, out=out)
@@ -385,11 +416,15 @@ def _unary_function(name):
 
 def logical_not(input, *, out=None):
     """`input == 0`: True where input is zero (NaN is not), as bools, or in out's dtype."""
+    if isinstance(input, fields.Tensor):
+        support.check_unary("logical_not", input.dtype, input.device)
     return binary("eq", input, 0, out)
 
 
 def square(input, *, out=None):
-    """`input ** 2`, with pow's types (a bool tensor squares to int64, as in torch)."""
+    """`input ** 2`, with pow's types (a bool tensor squares to int64, as in torch); complex as `input * input`."""
+    if isinstance(input, fields.Tensor) and input.dtype.is_complex:
+        return binary("mul", input, input, out)
     return binary("pow", input, 2, out)
 
 

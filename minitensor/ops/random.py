@@ -31,14 +31,16 @@ from ..core import fields
 from ..core.alloc import empty
 from ..core.fields import allocate
 from ..core.host_arrays import numpy_values, numpy_view, to_storage_values
-from ..core.layout import layout_number, layout_of
+from ..core.layout import device_key, layout_number, layout_of
 from ..core.shapes import OVERLAP, contiguous_strides, is_contiguous, new_shape, overlaps_itself
 from ..cuda import capturing, graphs, memory
 from ..cuda.devices import as_device, current_device
 from ..cuda.random import DEFAULT_SEED, check_seed, generator as cuda_generator, manual_seed_all
 from ..cuda.streams import current_stream_handle
+from .complex_views import view_as_real
 from .copy import copy_
 from .runs import kernels
+from .typing import refuse_registered
 
 _INT64_MIN = -(2**63)
 _FLOAT_DIGITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
@@ -46,7 +48,8 @@ _FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 
               "float64": 1.7976931348623157e308}
 _CPP_NAMES = {"bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short", "int32": "int",
               "int64": "long", "float16": "c10::Half", "bfloat16": "c10::BFloat16", "float32": "float",
-              "float64": "double"}  # the C++ types torch's bounds messages name
+              "float64": "double", "uint16": "short unsigned int", "uint32": "unsigned int",
+              "uint64": "long unsigned int"}  # the C++ types torch's bounds messages name
 
 
 # ---------------------------------------------------------------------------------------------- the CPU's generator
@@ -121,6 +124,7 @@ def _filler(like, plan_of, cpu_values):
     `cpu_values(generator, n, s0, s1)` (host values in row-major order) on the CPU. Layouts other than
     contiguous go through a contiguous temporary, so they get the numbers a contiguous tensor would."""
     shape, dtype, device = like.shape, like.dtype, like.device
+    refuse_registered(device, "a random fill")
     if overlaps_itself(shape, like.stride):
         raise RuntimeError(OVERLAP)
     n = math.prod(shape)
@@ -157,6 +161,19 @@ def _filler(like, plan_of, cpu_values):
     return fill_strided
 
 
+def _float_view_run(like, build):
+    """The run of a complex tensor's uniform_ or normal_ as torch's: `build`'s run for its float view
+    (ops/complex_views.py), so each element's real and imaginary parts are two draws in a row."""
+    view = Like(like.shape + (2,), tuple(2 * s for s in like.stride) + (1,), like.dtype.component, like.device,
+                like.contiguous)
+    run = build(view)
+
+    def complex_run(t, a, b):
+        run(view_as_real(t), a, b)
+        return t
+    return complex_run
+
+
 def _run(op, t):
     """The checked-once closure of `op` for tensors laid out as t."""
     key = (op, t._layout or layout_of(t))
@@ -189,7 +206,7 @@ def _factory(op, size, dtype, device):
     dtype = dtype or (dtypes.int64 if op == "random" else dtypes.default_float)
     device = CPU if device is None else as_device(device)
     strides = contiguous_strides(shape)
-    layout = layout_number(dtype, shape, strides, device.index)
+    layout = layout_number(dtype, shape, strides, device_key(device))
     run = _runs.get((op, layout))
     if run is None:
         run = _remember(_runs, (op, layout), _BUILDERS[op](Like(shape, strides, dtype, device, True)))
@@ -213,6 +230,8 @@ def uniform_(t, a=0.0, b=1.0):
 
 def _uniform_run(like):
     dtype = like.dtype
+    if dtype.is_complex:  # real and imaginary parts each uniform in [a, b)
+        return _float_view_run(like, _uniform_run)
     if not dtype.is_floating_point:
         raise NotImplementedError(f"\"check_uniform_bounds\" not implemented for '{dtypes.TORCH_NAMES[dtype.name]}'")
     limit = _FLOAT_MAX[dtype.name]
@@ -258,12 +277,15 @@ def _rounded(values, dtype):
 
 # ---------------------------------------------------------------------------------------------- normal_
 def normal_(t, mean=0.0, std=1.0):
-    """t = mean + std * N(0, 1)."""
+    """t = mean + std * N(0, 1); for a complex t each part is mean + std / sqrt(2) * N(0, 1), as in torch."""
     return _run("normal", t)(t, mean, std)
 
 
-def _normal_run(like):
+def _normal_run(like, std_divisor=1.0):
+    """`std_divisor`: sqrt(2) for the float view of a complex tensor, whose parts each get half the variance."""
     dtype = like.dtype
+    if dtype.is_complex:
+        return _float_view_run(like, lambda view: _normal_run(view, math.sqrt(2)))
     if not dtype.is_floating_point:
         kernel = "normal_kernel_cpu" if like.device.type == "cpu" else "normal_kernel_cuda"
         raise NotImplementedError(f"\"{kernel}\" not implemented for '{dtypes.TORCH_NAMES[dtype.name]}'")
@@ -278,7 +300,7 @@ def _normal_run(like):
         std = std if type(std) is float else _real(std, "std")
         if not std >= 0.0:
             raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
-        fill(t, mean, std)
+        fill(t, mean, std / std_divisor)
         return t
     return run
 
@@ -296,8 +318,16 @@ def bernoulli_(t, p=0.5):
     return _run("bernoulli_p" if isinstance(p, fields.TensorFields) else "bernoulli", t)(t, p)
 
 
+def _refuse_bernoulli(dtype, device, kernel):
+    """torch has no bernoulli kernel for complex and uint16/32/64 tensors."""
+    if dtype.is_complex or dtype in dtypes.SHELL_UINTS:
+        raise NotImplementedError(f'"{kernel.format(device.type)}" not implemented for '
+                                  f"'{dtypes.TORCH_NAMES[dtype.name]}'")
+
+
 def _bernoulli_run(like):
     dtype = like.dtype
+    _refuse_bernoulli(dtype, like.device, "bernoulli_scalar_{}_")
     fill = _filler(like, _plan_of("bernoulli_plan", None, dtype),
                    lambda g, n, p, _: to_storage_values(g.random(n) < p, dtype))
 
@@ -315,6 +345,7 @@ def _bernoulli_tensor_run(like):
     (NaN too) raises on both devices, as on torch's CPU (its GPU stops at a device-side assert instead); on cuda
     the check waits for p's values."""
     dtype, shape, device = like.dtype, like.shape, like.device
+    _refuse_bernoulli(dtype, device, "bernoulli_tensor_{}_self_")
     fills = {}
 
     def fill_for(p_dtype):
@@ -362,6 +393,8 @@ def random_(t, *args, **kwargs):
 
 def _random_run(like):
     dtype = like.dtype
+    if dtype.is_complex:
+        raise RuntimeError("check_random_bounds handles only integral, floating-point and boolean types")
     cpp = _CPP_NAMES[dtype.name]
     if dtype is dtypes.bool_:
         lowest, highest = 0, 1
@@ -406,6 +439,9 @@ def _random_run(like):
                                    "float and bfloat16")
             low, span = 0, 2**64
         else:
+            if dtype in dtypes.SHELL_UINTS:  # torch draws them only between bounds
+                raise NotImplementedError(f"\"random_kernel_{t.device.type}\" not implemented for "
+                                          f"'{dtypes.TORCH_NAMES[dtype.name]}'")
             top = 2**digits if digits is not None else highest
             check(low, "from")
             check(top, "to - 1")

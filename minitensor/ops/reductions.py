@@ -22,8 +22,10 @@ from ..core.layout import layout_number, layout_of
 from ..core.shapes import broadcast_shapes, contiguous_strides, normalize_dim
 from ..cuda import memory
 from ..cuda.streams import current_stream_handle
-from .pointwise import binary
+from .complex_views import view_as_complex, view_as_real
+from .pointwise import binary, unary
 from .runs import kernels
+from .typing import not_implemented_for, refuse_registered
 
 
 class return_types:
@@ -125,9 +127,12 @@ def _types(name, x, dtype):
         dtype = dtypes.dtype_arg(dtype, name)
     source = x.dtype if dtype is None else dtype
     if name == "sum":
-        return source, source if source.is_floating_point or dtype is not None else dtypes.int64
+        out = source if source.category >= dtypes.FLOAT or dtype is not None else dtypes.int64
+        if out in dtypes.SHELL_UINTS:
+            raise not_implemented_for(f"sum_{x.device.type}", out)
+        return source, out
     if name == "mean":
-        if not source.is_floating_point:
+        if source.category < dtypes.FLOAT:
             which = "Input" if dtype is None else "Optional"
             raise RuntimeError(f"mean(): could not infer output dtype. {which} dtype must be either a floating "
                                f"point or complex dtype. Got: {dtypes.TORCH_NAMES[source.name]}")
@@ -142,6 +147,7 @@ def _checked(name, x, dim, keepdim, dtype):
     if not isinstance(x, fields.TensorFields):
         raise TypeError(f"{name}(): argument 'input' must be Tensor, not {type(x).__name__}")
     in_dtype, out_dtype = _types(name, x, dtype)  # before the dims, as torch: mean of an int tensor says so first
+    _check_support(name, x.dtype, x.device, dim)
     dims, arg = _dims(name, x, dim)
     if not isinstance(keepdim, (bool, np.bool_)):
         raise TypeError(f"{name}(): argument 'keepdim' must be bool, not {type(keepdim).__name__}")
@@ -155,9 +161,37 @@ def _checked(name, x, dim, keepdim, dtype):
     keepdim = builtins.bool(keepdim)
     out_shape = tuple(1 if d in dims else s for d, s in enumerate(shape) if keepdim or d not in dims)
     count = math.prod(shape[d] for d in dims)
+    refuse_registered(x.device, name)
+    if in_dtype.is_complex and name in ("sum", "mean"):
+        return _complex_run(name, dims, keepdim, in_dtype)
+    if x.dtype.is_complex:  # all, any: of the nonzero elements
+        return lambda x: _reduce(name, binary("ne", x, 0), dim, keepdim, None)
     if x.device.type == "cpu":
         return _numpy_run(name, dims, arg, keepdim, in_dtype, out_dtype, out_shape, count)
     return _cuda_run(name, x, dims, arg, in_dtype, out_dtype, out_shape)
+
+
+def _check_support(name, dtype, device, dim):
+    """torch's errors for max and min of uint16/32/64 and complex tensors, which it has no kernels for."""
+    if name not in ("max", "min") or not (dtype.is_complex or dtype in dtypes.SHELL_UINTS):
+        return
+    if dim is None:
+        raise not_implemented_for(f"{name}_all", dtype)
+    if dtype.is_complex:
+        raise RuntimeError(f"{name}(): does not support complex input")
+    raise not_implemented_for(f"{name}_{device.type}", dtype)
+
+
+def _complex_run(name, dims, keepdim, in_dtype):
+    """sum and mean of complex tensors: the same reduction of their float view (ops/complex_views.py), whose
+    trailing (real, imag) dim is kept."""
+    def run(x):
+        if x.dtype is not in_dtype:
+            x = x.to(in_dtype)
+        if not dims:  # a 0-d tensor: its value
+            return x.clone()
+        return view_as_complex(_reduce(name, view_as_real(x), dims, keepdim, None))
+    return run
 
 
 def _numpy_run(name, dims, arg, keepdim, in_dtype, out_dtype, out_shape, count):
@@ -267,6 +301,8 @@ def equal(input, other):
     if input._shape != other._shape:
         return False
     compute = dtypes.promote_types(input.dtype, other.dtype)
+    if compute.is_complex:
+        return builtins.bool(binary("eq", input, other).all().item())
     return builtins.bool(_isclose(input, other, compute, 0.0, 0.0, False).all().item())
 
 
@@ -308,12 +344,15 @@ def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
 
 def _isclose(a, b, compute, rtol, atol, equal_nan):
     """The bool tensor isclose(a, b) with a and b compared in `compute`; no checks."""
+    if compute.is_complex:
+        return _complex_isclose(a, b, rtol, atol, equal_nan)
     shape = broadcast_shapes(a._shape, b._shape)
     tolerant = not (rtol == 0 and atol == 0)
     equal_nan = equal_nan and compute.is_floating_point
     out = empty(shape, dtypes.bool_, a.device)
     if out.numel() == 0:
         return out
+    refuse_registered(a.device, "isclose")
     if a.device.type == "cpu":
         numpy_view(out)[...] = _isclose_numpy(numpy_values(a.expand(shape)), numpy_values(b.expand(shape)),
                                               compute, rtol, atol, tolerant, equal_nan)
@@ -325,6 +364,20 @@ def _isclose(a, b, compute, rtol, atol, equal_nan):
                                               a.device.index)
     run(current_stream_handle(a.device.index), a.data_ptr(), b.data_ptr(), out.data_ptr(), rtol, atol)
     return out
+
+
+def _complex_isclose(a, b, rtol, atol, equal_nan):
+    """isclose of complex tensors as torch composes it from pointwise ops: equal, or both NaN (in either part) with
+    equal_nan, or |a - b| finite and <= atol + |rtol * b| (complex abs, in the component type)."""
+    close = binary("eq", a, b)
+    if equal_nan:
+        close = binary("logical_or", close, binary("logical_and", binary("ne", a, a), binary("ne", b, b)))
+    if rtol == 0 and atol == 0:
+        return close
+    error = unary("abs", binary("sub", a, b))
+    allowed = binary("add", unary("abs", binary("mul", b, rtol)), atol)
+    within = binary("logical_and", binary("lt", error, math.inf), binary("le", error, allowed))
+    return binary("logical_or", close, within)
 
 
 def _isclose_numpy(a, b, compute, rtol, atol, tolerant, equal_nan):

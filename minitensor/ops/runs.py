@@ -22,14 +22,16 @@ _kernels = None
 
 
 def kernels():
-    """The kernels layer's plan modules (plans, reduce_plans, index_plans, random_plans) and its launcher, which
-    every op on a cuda tensor goes through. Imported at the first such op: they start the backend, which
-    `import minitensor` should not pay for."""
+    """The kernels layer's plan modules (plans, reduce_plans, index_plans, index_put_plans, random_plans,
+    matmul_plans) and its launcher, which every op on a cuda tensor goes through. Imported at the first such op:
+    they start the backend, which `import minitensor` should not pay for."""
     global _kernels
     if _kernels is None:
-        from ..kernels import index_plans, launcher, plans, random_plans, reduce_plans  # lazy: import cost
+        from ..kernels import (index_plans, index_put_plans, launcher, matmul_plans, plans,  # lazy: import cost
+                               random_plans, reduce_plans)
         _kernels = types.SimpleNamespace(plans=plans, reduce_plans=reduce_plans, index_plans=index_plans,
-                                         random_plans=random_plans, launcher=launcher)
+                                         index_put_plans=index_put_plans, random_plans=random_plans,
+                                         matmul_plans=matmul_plans, launcher=launcher)
     return _kernels
 
 

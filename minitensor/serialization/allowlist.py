@@ -36,6 +36,11 @@ class StorageType(Named):
     def __init__(self, name, dtype):
         self.name, self.dtype = name, dtype
 
+    @property
+    def untyped(self):
+        """torch.UntypedStorage (numel in bytes), as against a dtype's legacy class (torch.FloatStorage)."""
+        return self.name.endswith(".UntypedStorage")
+
 
 _VALUES = {f"torch.{d.name}": d for d in dtypes.ALL}
 _VALUES.update({f"{module}.{name}": StorageType(f"{module}.{name}", dtype)
@@ -78,7 +83,6 @@ def find(module, name, unpickler):
         return Global(full, getattr(unpickler, CALLABLES[full]))
     if _NOT_IN_MINITENSOR.match(full):
         raise UnpicklingError(f"the checkpoint uses {full}, a dtype or storage type that minitensor does not "
-                              "have (it has bool, uint8, int8, int16, int32, int64, float16, bfloat16, "
-                              "float32 and float64)")
+                              f"have (it has {', '.join(d.name for d in dtypes.ALL)})")
     raise UnpicklingError(f"Unsupported global: GLOBAL {full} is not allowed: minitensor loads only tensors, "
                           "storages, containers and plain values, and never imports or runs code from a file")

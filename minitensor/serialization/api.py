@@ -68,7 +68,7 @@ def write_storage(record, storage):
 
     A cuda storage goes through pinned chunks (cuda/staging.py): the device copies the next chunks while one is
     written, and no host copy of the whole storage is made."""
-    if storage.device.type == "cpu" or not storage.nbytes():
+    if storage.device.type != "cuda" or not storage.nbytes():  # the CPU, or a registered type's (via the host)
         record.write(storage.cpu()._array)
         return
     index = storage.device.index
@@ -145,7 +145,7 @@ def read_storage(reader, name, device, mapping=None, share_mapping=False, swap_d
     if swap_dtype is not None:  # a big-endian file on a little-endian host, or the reverse
         array.view(swap_dtype.np).byteswap(inplace=True)
     storage = UntypedStorage._from_array(array)  # a view of the mapping keeps the mapping alive
-    return storage if device.type == "cpu" else storage.cuda(device.index)
+    return storage.to(device=device)
 
 
 # ---------------------------------------------------------------------------------------------- map_location
@@ -165,7 +165,7 @@ def _restorer(map_location):
             result = map_location(storage, tag)
             if result is None:
                 device = _file_device(tag)
-                result = storage if device.type == "cpu" else storage.cuda(device.index)
+                result = storage.to(device=device)
             if not isinstance(result, UntypedStorage):
                 raise TypeError(f"map_location must return a storage or None, got {type(result).__name__}")
             return result
@@ -197,8 +197,8 @@ def _restore_device(location):
         except ValueError:  # an index of more digits than Python converts to an int
             shown = text if len(text) <= 80 else text[:77] + "..."
             raise RuntimeError(f"Could not parse device index in device string {shown!r}") from None
-    if d.type == "cpu":
-        return CPU
+    if d.type != "cuda":
+        return CPU if d.type == "cpu" else as_device(d)  # a registered type's: its index checked
     index = devices.current_device() if d.index is None else d.index
     count = devices.device_count()
     if index >= count:

@@ -1,7 +1,8 @@
-"""What the restricted unpickler (unpickler.py) builds from a checkpoint's calls: storages from persistent ids,
-and the results of the functions REDUCE may call (allowlist.py's CALLABLES name these methods). Each checks its
-arguments and raises `pickle.UnpicklingError` naming what was wrong; tensors are checked against their storage
-and against the shapes minitensor can hold (limits.py).
+"""What the restricted unpickler (unpickler.py) builds from a checkpoint's calls: storages from persistent ids
+(an UntypedStorage for torch.UntypedStorage, a TypedStorage over one for a dtype's class such as
+torch.FloatStorage, as torch.load gives), and the results of the functions REDUCE may call (allowlist.py's
+CALLABLES name these methods). Each checks its arguments and raises `pickle.UnpicklingError` naming what was
+wrong; tensors are checked against their storage and against the shapes minitensor can hold (limits.py).
 
 `Rebuilds` is the unpickler's base class: its methods use the unpickler's state (`_guard`, `_load_storage`, the
 storages by key and their dtypes, `_hold`, `_new`).
@@ -12,6 +13,7 @@ from pickle import UnpicklingError
 
 from ..base import dtypes
 from ..base.device import device as _device
+from ..core.typed_storage import TypedStorage, wrap_untyped
 from ..tensor import Size, Tensor
 from .allowlist import INT64_MAX, MARKERS, TENSOR_REBUILDS, Global, StorageType
 from .limits import MAX_DEVICE_INDEX, MAX_DIMS, shape_problem
@@ -39,10 +41,11 @@ class Rebuilds:
         storage = self._by_key.get(key)
         if storage is None:
             try:
-                storage = self._load_storage(key, location, storage_type.dtype, numel)
+                untyped = self._load_storage(key, location, storage_type.dtype, numel)
             except BaseException as exc:
                 self._caller_error = exc
                 raise
+            storage = untyped if storage_type.untyped else wrap_untyped(untyped, storage_type.dtype)
             self._by_key[key] = storage
             self._dtypes.setdefault(id(storage), (storage, storage_type.dtype))
         return storage
@@ -53,6 +56,8 @@ class Rebuilds:
         if entry is None or entry[0] is not storage:
             raise UnpicklingError(f"a tensor must be rebuilt from a storage of this file, not {_describe(storage)}")
         dtype = entry[1] if dtype is None else dtype
+        if type(storage) is TypedStorage:
+            storage = storage.untyped()
         size, stride = _dims(size, "size"), _dims(stride, "stride")
         if len(size) != len(stride):
             raise UnpicklingError(f"a tensor's size {list(size)} and stride {list(stride)} differ in length")

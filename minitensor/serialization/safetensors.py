@@ -30,11 +30,12 @@ _U64_MAX = 2**64 - 1
 
 # every dtype of the format, in the reference's order (increasing alignment), with its size in bytes
 _FORMAT_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
-                  "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
+                  "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "C64": 8, "F64": 8, "I64": 8, "U64": 8}
 _RANK = {name: i for i, name in enumerate(_FORMAT_DTYPES)}
 _NAMES = {dtypes.bool_: "BOOL", dtypes.uint8: "U8", dtypes.int8: "I8", dtypes.int16: "I16",
           dtypes.float16: "F16", dtypes.bfloat16: "BF16", dtypes.int32: "I32", dtypes.float32: "F32",
-          dtypes.float64: "F64", dtypes.int64: "I64"}
+          dtypes.float64: "F64", dtypes.int64: "I64", dtypes.uint16: "U16", dtypes.uint32: "U32",
+          dtypes.uint64: "U64", dtypes.complex64: "C64"}  # complex128 has no name in the format
 _DTYPES = {name: d for d, name in _NAMES.items()}
 
 
@@ -53,6 +54,9 @@ def save_safetensors(tensors, path, metadata=None):
                             f"{type(t).__name__}")
         if name == "__metadata__":
             raise ValueError("'__metadata__' is reserved for the header's metadata; rename that tensor")
+        if t.dtype not in _NAMES:
+            raise TypeError(f"save_safetensors: tensor {name!r} is {t.dtype}, which the safetensors format has no "
+                            f"name for (its complex type is complex64, C64)")
     if metadata is not None and not (isinstance(metadata, dict) and
                                      all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
         raise TypeError("save_safetensors: metadata must be a dict of str -> str")

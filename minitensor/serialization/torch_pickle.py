@@ -9,7 +9,9 @@ to name its functions, and using only the opcodes torch's weights-only unpickler
 A storage that tensors of one dtype view is written as that dtype's legacy storage class (numel in
 elements), the form every torch version reads. One that is viewed as several dtypes, or saved on its own,
 is written as `torch.storage.UntypedStorage` (numel in bytes) and its tensors with `_rebuild_tensor_v3`,
-which names their dtype.
+which names their dtype. A TypedStorage (`t.storage()`) is the persistent id of its UntypedStorage, written
+as its dtype's legacy class, as torch.save writes it; with tensors or storages that view its memory as another
+dtype it is refused with torch.save's error.
 """
 import struct
 from collections import OrderedDict
@@ -17,13 +19,14 @@ from collections import OrderedDict
 from ..base import dtypes
 from ..base.device import device as _device
 from ..core.storage import UntypedStorage
+from ..core.typed_storage import TypedStorage
 from ..tensor import Size, Tensor
 
 STORAGE_CLASSES = {
     dtypes.float64: "DoubleStorage", dtypes.float32: "FloatStorage", dtypes.float16: "HalfStorage",
     dtypes.bfloat16: "BFloat16Storage", dtypes.int64: "LongStorage", dtypes.int32: "IntStorage",
     dtypes.int16: "ShortStorage", dtypes.int8: "CharStorage", dtypes.uint8: "ByteStorage",
-    dtypes.bool_: "BoolStorage",
+    dtypes.bool_: "BoolStorage", dtypes.complex64: "ComplexFloatStorage", dtypes.complex128: "ComplexDoubleStorage",
 }
 
 _APPENDS_BATCH = 1000  # items per MARK ... APPENDS / SETITEMS, as pickle does
@@ -38,8 +41,8 @@ def dumps(obj):
 
 
 def location_tag(device):
-    """How torch names a storage's device in a checkpoint: 'cpu' or 'cuda:N'."""
-    return "cpu" if device.type == "cpu" else f"cuda:{device.index}"
+    """How torch names a storage's device in a checkpoint: 'cpu', 'cuda:N', or a registered type's 'fake:N'."""
+    return "cpu" if device.type == "cpu" else f"{device.type}:{device.index}"
 
 
 class _StoragePlan:
@@ -49,8 +52,10 @@ class _StoragePlan:
     def __init__(self, obj):
         self._dtypes = {}  # id(storage) -> set of dtypes, None when saved on its own
         self._keys = {}  # id(storage) -> key, in first-seen order while pickling
+        self._typed = {}  # id(storage) -> a TypedStorage over it that is saved
         self.storages = []
         self._walk(obj)
+        self._check_typed()
 
     def _walk(self, obj):
         seen, stack = set(), [obj]
@@ -60,6 +65,9 @@ class _StoragePlan:
                 self._note(x._storage, x.dtype)
             elif isinstance(x, UntypedStorage):
                 self._note(x, None)
+            elif isinstance(x, TypedStorage):
+                self._note(x._untyped_storage, x.dtype)
+                self._typed[id(x._untyped_storage)] = x
             elif isinstance(x, (list, tuple, dict, set)) and id(x) not in seen:
                 seen.add(id(x))
                 if isinstance(x, dict):
@@ -78,13 +86,24 @@ class _StoragePlan:
             else:
                 kinds.add(dtype)
 
+    def _check_typed(self):
+        """A TypedStorage is written as its dtype's class, so its memory must not be saved as another dtype."""
+        for key, typed in self._typed.items():
+            if self._dtypes[key] != {typed.dtype}:
+                raise RuntimeError("Cannot save multiple tensors or storages that view the same data as different "
+                                   "types")
+            if typed.nbytes() % typed.dtype.itemsize:
+                raise RuntimeError(f"Cannot save a {typed.dtype.name} TypedStorage over {typed.nbytes()} bytes: "
+                                   f"not a whole number of {typed.dtype.itemsize}-byte elements")
+
     def typed_dtype(self, storage):
-        """The dtype whose legacy storage class this storage is written as, or None for UntypedStorage."""
+        """The dtype whose legacy storage class this storage is written as, or None for UntypedStorage (also
+        for uint16/32/64, which have no legacy class: torch writes them so too)."""
         kinds = self._dtypes[id(storage)]
         if kinds is None or len(kinds) != 1:
             return None
         (dtype,) = kinds
-        return dtype if storage.nbytes() % dtype.itemsize == 0 else None
+        return dtype if dtype in STORAGE_CLASSES and storage.nbytes() % dtype.itemsize == 0 else None
 
     def persistent_id(self, storage):
         key = self._keys.get(id(storage))
@@ -169,6 +188,8 @@ class _Pickler:
             self._tensor(obj)
         elif t is UntypedStorage:
             self._persistent_id(obj)
+        elif t is TypedStorage:
+            self._persistent_id(obj._untyped_storage)
         elif t is tuple:
             self._tuple(obj)
         elif t is list:

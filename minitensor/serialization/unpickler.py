@@ -10,7 +10,8 @@ builds is bounded by its size (limits.py `Guard`): nesting depth, elements copie
 
 Storages arrive as persistent ids `("storage", storage_type, key, location, numel)`; the caller's
 `load_storage(key, location, dtype, numel)` turns one into an `UntypedStorage` (reading its record and
-placing it per map_location), once per key.
+placing it per map_location), once per key; a dtype's storage class (torch.FloatStorage) makes a `TypedStorage`
+over it (rebuilds.py).
 """
 import struct
 from collections import OrderedDict
@@ -44,7 +45,7 @@ class Unpickler(Rebuilds):
         self._stack = []
         self._marks = []
         self._memo = {}
-        self._by_key = {}  # storage key -> UntypedStorage
+        self._by_key = {}  # storage key -> UntypedStorage, or TypedStorage for a dtype's storage class
         self._dtypes = {}  # id(storage) -> (storage, dtype of its storage class)
         self._caller_error = None  # an error raised by load_storage: the caller's, passed through as it is
         self._ops = {

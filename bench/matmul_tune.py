@@ -1,0 +1,78 @@
+"""Measure candidate tile configurations of minitensor's matrix product on the GPU and print, per (precision
+class, size class), the fastest: the table `_CONFIGS` in kernels/matmul_plans.py is copied from this output.
+
+`python -m bench.matmul_tune [--quick]`. Each candidate is (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps,
+num_stages), timed with CUDA events on a representative shape of its size class; a candidate that fails to
+compile or launch (too much shared memory) is skipped.
+"""
+import argparse
+
+import minitensor as mt
+from bench.table import table
+from minitensor.kernels import matmul_plans
+from minitensor.ops import matmul as products
+
+SHAPES = {"small": (512, 512, 512), "medium": (2048, 2048, 1024), "large": (8192, 8192, 8192)}
+DTYPES = {"half": mt.bfloat16, "tf32": mt.float32, "ieee": mt.float32, "double": mt.float64}
+CANDIDATES = {
+    "half": [(128, 256, 64, 8, 8, 3), (128, 256, 64, 8, 8, 4), (256, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4),
+             (128, 128, 64, 8, 4, 4), (64, 128, 64, 8, 4, 4), (64, 64, 64, 8, 4, 4), (128, 128, 128, 8, 8, 3)],
+    "tf32": [(128, 256, 32, 8, 8, 3), (128, 128, 32, 8, 8, 4), (128, 128, 32, 8, 4, 4), (64, 128, 32, 8, 4, 4),
+             (128, 64, 32, 8, 4, 4), (64, 64, 32, 8, 4, 4), (128, 256, 16, 8, 8, 4)],
+    "ieee": [(128, 128, 32, 8, 8, 3), (64, 128, 32, 8, 4, 3), (128, 64, 16, 8, 4, 3), (64, 64, 32, 8, 4, 3),
+             (64, 64, 16, 8, 4, 3), (32, 64, 32, 8, 4, 3), (32, 32, 32, 8, 4, 2)],
+    "double": [(64, 64, 32, 8, 4, 3), (64, 64, 16, 8, 4, 3), (32, 64, 32, 8, 4, 3), (32, 32, 32, 8, 4, 3),
+               (64, 128, 16, 8, 8, 3)],
+}
+
+
+def _seconds(a, b, launches=10):
+    c = a @ b
+    mt.cuda.synchronize()
+    start, end = mt.cuda.Event(enable_timing=True), mt.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        start.record()
+        for _ in range(launches):
+            c = a @ b
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3 / launches)
+    del c
+    return best
+
+
+def tune(precision, size):
+    m, n, k = SHAPES[size]
+    mt.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    a = mt.randn(m, k, device="cuda").to(DTYPES[precision])
+    b = mt.randn(k, n, device="cuda").to(DTYPES[precision])
+    results = []
+    for config in CANDIDATES[precision]:
+        matmul_plans._CONFIGS[(precision, size)] = config
+        matmul_plans.matmul_plan.cache_clear()
+        products._fast.clear()
+        try:
+            results.append((_seconds(a, b), config))
+        except Exception as exc:  # a configuration past the shared memory: not a candidate
+            print(f"  {precision} {size} {config}: {type(exc).__name__}: {str(exc)[:80]}")
+    mt.backends.cuda.matmul.allow_tf32 = False
+    best_s, best = min(results)
+    flops = 2 * m * n * k
+    return (precision, size, f"{m}x{n}x{k}", str(best), f"{flops / best_s / 1e12:.1f}",
+            " ".join(f"{flops / s / 1e12:.0f}" for s, _ in results))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the large size class")
+    args = parser.parse_args()
+    if mt.cuda.backend() != "nvidia":
+        raise SystemExit("bench.matmul_tune measures a GPU")
+    sizes = ["large"] if args.quick else list(SHAPES)
+    rows = [tune(precision, size) for precision in CANDIDATES for size in sizes]
+    print(table(("precision", "size", "shape", "best config", "TFLOP/s", "all candidates' TFLOP/s"), rows))
+
+
+if __name__ == "__main__":
+    main()

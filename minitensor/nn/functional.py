@@ -1,0 +1,4 @@
+"""`mt.nn.functional`, torch.nn.functional: `linear` (ops/matmul.py)."""
+from ..ops.matmul import linear
+
+__all__ = ["linear"]
