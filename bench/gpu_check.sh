@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine, run from the repo root: install, run the tests on the real GPU,
-# then the benchmark, and end with a short summary. A test failure is reported; the bench still runs.
+# then the benchmark (and bench.matmul's table against cuBLAS), and end with a short summary.
+# A test failure is reported; the bench still runs.
 # Logs and bench.json go to $OUT (the device tool's output folder), or to a temporary folder.
 #   STAGES  which of "tests bench" to run (default both)
 #   TESTS   narrows the test run (default: tests)
@@ -46,6 +47,7 @@ if [[ " $STAGES " == *" bench "* ]]; then
     rm -f "$OUT/bench.json"
     "$PY" -m bench --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
     bench_rc=$?
+    timeout 200 "$PY" -m bench.matmul >"$OUT/bench_matmul.log" 2>&1 || bench_rc="$bench_rc, matmul failed"
 fi
 
 echo
@@ -58,5 +60,6 @@ echo "pytest rc=$pytest_rc$([ "$pytest_rc" = 124 ] && echo ' (timed out)')  seri
 if [ -s "$OUT/bench.json" ]; then
     "$PY" -m bench --summary "$OUT/bench.json"
 fi
+[ -s "$OUT/bench_matmul.log" ] && tail -n 20 "$OUT/bench_matmul.log"
 [ "$pip_rc" = 0 ] && [[ "$pytest_rc" =~ ^(0|skipped)$ ]] && [[ "$serial_rc" =~ ^(0|skipped)$ ]] \
     && [[ "$bench_rc" =~ ^(0|skipped)$ ]]

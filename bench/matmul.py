@@ -9,6 +9,7 @@
 The GPU only: on the simulator there is nothing to measure.
 """
 import argparse
+import time
 
 import minitensor as mt
 from bench.table import table
@@ -26,10 +27,18 @@ def _operands(torch, m, n, k, dtype_name):
     return a, b, mt.from_dlpack(a), mt.from_dlpack(b)
 
 
+def warm_up(fn, synchronize, seconds=0.3):
+    """Run `fn` for a while first: a GPU at idle clocks runs a short burst of products several times slower."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        fn()
+        synchronize()
+
+
 def _device_seconds(fn, record, synchronize, launches, repeats):
-    """Seconds per call: the best of `repeats` runs of `launches` back-to-back calls between two events."""
-    fn()
-    synchronize()
+    """Seconds per call: the best of `repeats` runs of `launches` back-to-back calls between two events, after
+    a warm-up."""
+    warm_up(fn, synchronize)
     best = float("inf")
     for _ in range(repeats):
         start, end = record()

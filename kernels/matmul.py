@@ -35,12 +35,31 @@ def _tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.c
 
 
 @jit
+def _step(acc, a_ptrs, b_ptrs, rows, cols, M, N, left, BLOCK_K: tl.constexpr, ACC: tl.constexpr,
+          PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, EVEN: tl.constexpr):
+    """acc + one BLOCK_K slice of A's rows times B's columns (`left`: the K still to go from here)."""
+    if EVEN:  # M, N and K fill whole tiles: no masks, so the loads need no predicates
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    else:
+        a = tl.load(a_ptrs, mask=(rows[:, None] < M) & (tl.arange(0, BLOCK_K)[None, :] < left), other=0.0)
+        b = tl.load(b_ptrs, mask=(tl.arange(0, BLOCK_K)[:, None] < left) & (cols[None, :] < N), other=0.0)
+    if INTERPRETED and PRECISION == "tf32":
+        a = _round_to_tf32(a)
+        b = _round_to_tf32(b)
+    if INTERPRETED and a.dtype == tl.bfloat16:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=dtype(ACC))
+
+
+@jit
 def matmul(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
            a_sb, a_sm, a_sk, b_sb, b_sk, b_sn, c_sb, c_sm, c_sn, bias_sb, bias_sm, bias_sn, alpha, beta,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
            SPLIT_K: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
            HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, INDEX64: tl.constexpr, A_M1: tl.constexpr,
-           A_K1: tl.constexpr, B_K1: tl.constexpr, B_N1: tl.constexpr):
+           A_K1: tl.constexpr, B_K1: tl.constexpr, B_N1: tl.constexpr, EVEN: tl.constexpr):
     if A_M1:
         a_sm = 1
     if A_K1:
@@ -64,19 +83,21 @@ def matmul(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
     a_ptrs = a_ptr + batch * a_sb + rows[:, None] * a_sm + ks[None, :] * a_sk
     b_ptrs = b_ptr + batch * b_sb + ks[:, None] * b_sk + cols[None, :] * b_sn
     acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype(ACC))  # tl.zeros is a @jit the interpreter cannot call
-    for k in range(0, (K + BLOCK_K * SPLIT_K - 1) // (BLOCK_K * SPLIT_K)):
-        left = K - k * BLOCK_K * SPLIT_K - split * BLOCK_K
-        a = tl.load(a_ptrs, mask=(rows[:, None] < M) & (tl.arange(0, BLOCK_K)[None, :] < left), other=0.0)
-        b = tl.load(b_ptrs, mask=(tl.arange(0, BLOCK_K)[:, None] < left) & (cols[None, :] < N), other=0.0)
-        if INTERPRETED and PRECISION == "tf32":
-            a = _round_to_tf32(a)
-            b = _round_to_tf32(b)
-        if INTERPRETED and a.dtype == tl.bfloat16:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=dtype(ACC))
-        a_ptrs += BLOCK_K * SPLIT_K * a_sk
-        b_ptrs += BLOCK_K * SPLIT_K * b_sk
+    steps = (K + BLOCK_K * SPLIT_K - 1) // (BLOCK_K * SPLIT_K)
+    if INTERPRETED:  # Triton 3.6's interpreter cannot range() over a runtime int (numpy 2 refuses int() of its
+        k = 0  # one-element arrays) but can compare one: a while loop there, the pipelined for loop on a GPU
+        while k < steps:
+            acc = _step(acc, a_ptrs, b_ptrs, rows, cols, M, N, K - k * BLOCK_K * SPLIT_K - split * BLOCK_K,
+                        BLOCK_K, ACC, PRECISION, INTERPRETED, EVEN)
+            a_ptrs += BLOCK_K * SPLIT_K * a_sk
+            b_ptrs += BLOCK_K * SPLIT_K * b_sk
+            k += 1
+    else:
+        for k in range(0, steps):
+            acc = _step(acc, a_ptrs, b_ptrs, rows, cols, M, N, K - k * BLOCK_K * SPLIT_K - split * BLOCK_K,
+                        BLOCK_K, ACC, PRECISION, INTERPRETED, EVEN)
+            a_ptrs += BLOCK_K * SPLIT_K * a_sk
+            b_ptrs += BLOCK_K * SPLIT_K * b_sk
     if SCALED:
         acc = acc * alpha
     mask = (rows[:, None] < M) & (cols[None, :] < N)

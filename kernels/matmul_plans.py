@@ -2,9 +2,9 @@
 tall, skinny products, and the float32 precision that mt.backends.cuda.matmul's flags choose.
 
 A configuration is (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), from `_CONFIGS` by dtype and
-size class: the table bench/matmul.py measures on the GPU. Split-K is used when the output tiles would leave
-most SMs idle and K is long: its programs add float32 partial tiles (float64 for float64) into a workspace with
-atomics, which a cast then copies out; every flag setting permits that, since the reduction is never in a
+size class: the table bench/matmul_tune.py measures on the GPU. Split-K is used when the output tiles would leave
+most SMs idle and K is long (at least _SPLIT_K_MIN): its programs add float32 partial tiles (float64 for float64)
+into a workspace with atomics, which a cast then copies out; every flag setting permits that, since the reduction is never in a
 precision lower than the inputs'. Nothing here imports Triton.
 """
 import functools
@@ -16,22 +16,23 @@ from . import launcher
 _INTERPRETED = active_driver().interprets_kernels
 
 # (dtype class, size class) -> (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
-_CONFIGS = {
-    ("half", "large"): (128, 256, 64, 8, 8, 3),
-    ("half", "medium"): (128, 128, 64, 8, 8, 4),
-    ("half", "small"): (64, 64, 64, 8, 4, 3),
+_CONFIGS = {  # bench/matmul_tune.py on an H100 (2026-11-26): the fastest of its candidates per class
+    ("half", "large"): (128, 256, 64, 8, 8, 4),
+    ("half", "medium"): (64, 128, 64, 8, 4, 4),
+    ("half", "small"): (64, 64, 64, 8, 4, 4),
     ("tf32", "large"): (128, 256, 32, 8, 8, 3),
-    ("tf32", "medium"): (128, 128, 32, 8, 8, 3),
-    ("tf32", "small"): (64, 64, 32, 8, 4, 3),
-    ("ieee", "large"): (128, 128, 32, 8, 8, 3),
-    ("ieee", "medium"): (64, 128, 32, 8, 4, 3),
-    ("ieee", "small"): (64, 64, 32, 8, 4, 3),
-    ("double", "large"): (64, 64, 32, 8, 4, 3),
+    ("tf32", "medium"): (128, 64, 32, 8, 4, 4),
+    ("tf32", "small"): (128, 64, 32, 8, 4, 4),
+    ("ieee", "large"): (64, 64, 32, 8, 4, 3),
+    ("ieee", "medium"): (64, 64, 32, 8, 4, 3),
+    ("ieee", "small"): (32, 32, 32, 8, 4, 2),
+    ("double", "large"): (64, 64, 16, 8, 4, 3),
     ("double", "medium"): (64, 64, 32, 8, 4, 3),
     ("double", "small"): (32, 32, 32, 8, 4, 3),
 }
 _INTERPRETED_CONFIG = (64, 64, 64, 8, 4, 1)  # few, large programs: the interpreter's cost is per program
 _MAX_SPLIT_K = 16
+_SPLIT_K_MIN = 4096  # shorter products are over in microseconds: a workspace, two more launches cost more
 
 
 def precision_class(dtype_name):
@@ -55,7 +56,7 @@ def _split_k(tiles, k, block_k, device):
     if _INTERPRETED:
         return 1
     sms = active_driver().properties(device).multi_processor_count
-    if tiles * 2 >= sms or k < 8 * block_k:
+    if tiles * 2 >= sms or k < max(_SPLIT_K_MIN, 8 * block_k):
         return 1
     return max(1, min(_MAX_SPLIT_K, sms // tiles, k // (4 * block_k)))
 
@@ -86,7 +87,8 @@ def matmul_plan(in_type, c_type, precision, accumulate_fp16, batch, m, n, k, bia
     types = ("*" + in_type, "*" + in_type, "*" + c_type, "*" + (bias_type or in_type), int_type, int_type,
              int_type) + (int_type,) * 12 + (scalar, scalar)
     constexprs = (block_m, block_n, block_k, group_m, splits, acc, "tf32" if precision == "tf32" else "ieee",
-                  _INTERPRETED, bias_type is not None, scaled, index64) + unit_strides
+                  _INTERPRETED, bias_type is not None, scaled, index64) + unit_strides + (
+                  m % block_m == 0 and n % block_n == 0 and k % (block_k * splits) == 0,)
     launch = launcher.get("matmul.matmul", device, types, constexprs, aligned, num_warps, num_stages)
     prepare = _bias_plan(c_type, bias_type, int_type, scalar, device) if splits > 1 else None
 
