@@ -11,7 +11,6 @@ which a matmul's "none" inherits, is not here: minitensor has no other fp32 oper
 `preferred_blas_library` keeps torch's choice and answers as torch does, but minitensor's products always run its
 own Triton kernels: there is no cuBLAS, cuBLASLt or CK to prefer.
 """
-import enum
 import threading
 import warnings
 
@@ -21,14 +20,21 @@ _MIX = ("Current status indicate that you have used mix of the legacy and new AP
         "suggest only using the new API ({new}).")
 
 
-class BlasBackend(enum.IntEnum):
-    """torch._C._BlasBackend's values."""
-    Default = 0
-    Cublas = 1
-    Cublaslt = 2
-    Ck = 3
+class BlasBackend(int):
+    """torch._C._BlasBackend's values (Default, Cublas, Cublaslt, Ck: 0 to 3), printed as torch prints them. A
+    plain int subclass: `enum` would cost `import minitensor` a module for four names."""
+
+    def __repr__(self):
+        return f"<_BlasBackend.{_BLAS_MEMBERS[self]}: {int(self)}>"
+
+    def __str__(self):
+        return f"_BlasBackend.{_BLAS_MEMBERS[self]}"
 
 
+_BLAS_MEMBERS = ("Default", "Cublas", "Cublaslt", "Ck")
+for _value, _member in enumerate(_BLAS_MEMBERS):
+    setattr(BlasBackend, _member, BlasBackend(_value))
+del _value, _member
 _BLAS_NAMES = {"default": BlasBackend.Default, "cublas": BlasBackend.Cublas, "hipblas": BlasBackend.Cublas,
                "cublaslt": BlasBackend.Cublaslt, "hipblaslt": BlasBackend.Cublaslt, "ck": BlasBackend.Ck}
 
@@ -175,5 +181,5 @@ def preferred_blas_library(backend=None):
             backend = _BLAS_NAMES[backend]
         elif not isinstance(backend, BlasBackend):
             raise RuntimeError("Unknown input value type.")
-        _State.blas = BlasBackend.Cublas if backend is BlasBackend.Default else backend
+        _State.blas = BlasBackend.Cublas if backend == BlasBackend.Default else backend
     return _State.blas
