@@ -152,7 +152,7 @@ def _rebuild_storage(data, device):
     writable, else over a copy."""
     array = np.frombuffer(data, np.uint8)
     storage = UntypedStorage._from_array(array if array.flags.writeable else array.copy())
-    return storage if device == "cpu" else storage._copy_to(as_device(device))
+    return storage.to(device=device)
 
 
 class _ExternalBlock:
