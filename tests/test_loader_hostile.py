@@ -96,7 +96,10 @@ def load_in_child(tmp_path, files, memory=1 << 30, timeout=180):
                 outcome = f"{{type(exc).__name__}}: {{exc}}"
             print(json.dumps([path, outcome, time.perf_counter() - start]), flush=True)
     """)
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), MINITENSOR_BACKEND="sim")
+    # one OpenBLAS thread: numpy's OpenBLAS reserves buffers per thread at import, which on a many-core machine
+    # (32 cores) passes the cap before the loader runs
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), MINITENSOR_BACKEND="sim",
+               OPENBLAS_NUM_THREADS="1")
     try:
         p = subprocess.run([sys.executable, "-c", code, *paths], env=env, capture_output=True, text=True,
                            timeout=timeout)
