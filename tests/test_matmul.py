@@ -323,3 +323,25 @@ def test_repeated_products_take_the_kept_path_with_any_alignment():
     for _ in range(2):
         check(batched @ other, batched, other, mt.float16)
         batched.uniform_()
+
+
+@pytest.mark.parametrize("dtype", [mt.complex64, mt.complex128], ids=str)
+def test_complex_products(device, dtype):
+    """Complex products (on cuda: four real ones over the real and imaginary views) against numpy."""
+    rng = np.random.default_rng(39)
+    np_type = np.complex64 if dtype is mt.complex64 else np.complex128
+    tolerance = 1e-5 if dtype is mt.complex64 else 1e-12
+
+    def data(*shape):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np_type)
+
+    a, b, batch_a, batch_b, bias = data(6, 9), data(9, 5), data(3, 4, 9), data(3, 9, 2), data(5)
+    ta, tb = mt.tensor(a, device=device), mt.tensor(b, device=device)
+    cases = [(ta @ tb, a @ b), (ta[::2] @ tb.t().t()[:, 1:], a[::2] @ b[:, 1:]),
+             (mt.bmm(mt.tensor(batch_a, device=device), mt.tensor(batch_b, device=device)), batch_a @ batch_b),
+             (mt.addmm(mt.tensor(bias, device=device), ta, tb, beta=0.5 - 1j, alpha=2j),
+              (0.5 - 1j) * bias + 2j * (a @ b))]
+    for got, expected in cases:
+        assert got.dtype is dtype
+        scale = np.abs(expected).max()
+        assert np.abs(got.cpu().numpy() - expected).max() <= tolerance * scale * 10

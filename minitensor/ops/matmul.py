@@ -4,8 +4,9 @@
 Every form becomes one batched product C[b] = alpha * A[b] @ B[b] + beta * bias[b] over 3-D views (batch, rows,
 cols), read through their strides: transposes and slices cost no copy; broadcast batch dims collapse into one
 batch dim where their strides allow, and are copied where they do not. On cuda the product is the Triton kernel
-of kernels/matmul.py, in float16, bfloat16, float32 (ieee or tf32, per mt.backends.cuda.matmul) and float64;
-torch's GPU has no integer products, so neither has minitensor's. On the CPU, numpy computes it (float16 and
+of kernels/matmul.py, in float16, bfloat16, float32 (ieee or tf32, per mt.backends.cuda.matmul) and float64, and
+complex64/complex128 as four real products over the real and imaginary views; torch's GPU has no integer
+products, so neither has minitensor's. On the CPU, numpy computes it (float16 and
 bfloat16 in float32, rounded once, as torch's CPU kernels do).
 
 `a @ b` of two cuda matrices (or batches of one size) is checked once per (layouts, flag setting): `_fast`
@@ -24,6 +25,7 @@ from ..core.host_arrays import numpy_values, numpy_view, to_storage_values
 from ..core.shapes import broadcast_shapes
 from ..cuda import memory
 from ..cuda.streams import _tls as _streams_tls, current_stream_handle
+from .complex_views import imag, real
 from .copy import copy_
 from .runs import kernels
 from .typing import common_device, not_implemented_for
@@ -31,7 +33,7 @@ from .typing import common_device, not_implemented_for
 _fast = {}  # (layout of a, layout of b, flag setting) -> run(a, b): `a @ b`, checked once
 METHODS = ("matmul", "mm", "bmm", "mv", "dot", "addmm", "baddbmm")  # what Tensor binds as methods
 _MAX_GRID_Y = 65535
-_CUDA_TYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+_CUDA_TYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64, dtypes.complex64, dtypes.complex128)
 _CPU_REFUSED = (dtypes.bool_, dtypes.uint16, dtypes.uint32, dtypes.uint64)
 # how torch's dtype mismatch message names each dtype (caffe2's TypeMeta names)
 _META_NAMES = {"bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short int",
@@ -125,7 +127,7 @@ def matmul(a, b, *, out=None):
         if run is not None:
             return run(a, b)
     result = _matmul_checked(a, b, out)
-    if out is None and a.device.type == "cuda" and 2 <= a.dim() == b.dim() <= 3:
+    if out is None and a.device.type == "cuda" and 2 <= a.dim() == b.dim() <= 3 and not a.dtype.is_complex:
         _remember_fast(a, b, result)
     return result
 
@@ -246,7 +248,24 @@ def _numpy_product(a, b, bias, alpha, beta, c):
     numpy_view(c)[...] = to_storage_values(product, c.dtype)
 
 
+def _complex_product(a, b, bias, alpha, beta, c):
+    """C = alpha * A @ B + beta * bias for complex tensors: (Ar Br - Ai Bi) + i (Ar Bi + Ai Br), each product
+    a real one over the strided real and imaginary views, the second of each pair adding into the first's
+    result (its bias, read before its program writes it); then the complex scaling and bias, pointwise."""
+    c_re, c_im = real(c), imag(c)
+    _cuda_product(real(a), real(b), None, 1, 0, c_re)
+    _cuda_product(imag(a), imag(b), c_re, -1, 1, c_re)
+    _cuda_product(real(a), imag(b), None, 1, 0, c_im)
+    _cuda_product(imag(a), real(b), c_im, 1, 1, c_im)
+    if alpha != 1:
+        c.mul_(alpha)
+    if bias is not None:
+        c.add_(bias * beta)
+
+
 def _cuda_product(a, b, bias, alpha, beta, c):
+    if a.dtype.is_complex:
+        return _complex_product(a, b, bias, alpha, beta, c)
     if a._shape[0] > _MAX_GRID_Y:  # the batch is grid axis 1, at most 65535 programs: in chunks
         for start in range(0, a._shape[0], _MAX_GRID_Y):
             part = slice(start, start + _MAX_GRID_Y)
