@@ -12,8 +12,9 @@ import argparse
 import time
 
 import minitensor as mt
+from bench import frameworks
 from bench.table import table
-from bench.timing import host_us_per_call
+from bench.timing import device_s_per_launch, host_us_per_call
 
 LARGE = [(4096, 4096, 4096), (8192, 8192, 8192)]
 SMALL = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512)]
@@ -35,30 +36,10 @@ def warm_up(fn, synchronize, seconds=0.3):
         synchronize()
 
 
-def _device_seconds(fn, record, synchronize, launches, repeats):
-    """Seconds per call: the best of `repeats` runs of `launches` back-to-back calls between two events, after
-    a warm-up."""
-    warm_up(fn, synchronize)
-    best = float("inf")
-    for _ in range(repeats):
-        start, end = record()
-        for _ in range(launches):
-            fn()
-        best = min(best, end())
-    return best / launches
-
-
-def _events(module):
-    def record():
-        start, end = module.Event(enable_timing=True), module.Event(enable_timing=True)
-        start.record()
-
-        def finish():
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        return start, finish
-    return record
+def warmed_device_seconds(fn, fw, launches):
+    """timing.device_s_per_launch (the best of three bursts between events), after a warm-up."""
+    warm_up(fn, fw.synchronize)
+    return device_s_per_launch(fn, fw, launches, 3)
 
 
 def _set_tf32(torch, allowed):
@@ -66,20 +47,21 @@ def _set_tf32(torch, allowed):
     mt.backends.cuda.matmul.allow_tf32 = allowed
 
 
-def _product_seconds(torch, m, n, k, dtype_name):
+def _product_seconds(torch_fw, m, n, k, dtype_name):
     """(minitensor's, torch's) seconds per product of the same operands."""
-    a, b, ma, mb = _operands(torch, m, n, k, dtype_name)
+    a, b, ma, mb = _operands(torch_fw.module, m, n, k, dtype_name)
     launches = 5 if m >= 8192 else 20
-    return (_device_seconds(lambda: ma @ mb, _events(mt.cuda), mt.cuda.synchronize, launches, 3),
-            _device_seconds(lambda: a @ b, _events(torch.cuda), torch.cuda.synchronize, launches, 3))
+    return (warmed_device_seconds(lambda: ma @ mb, frameworks.minitensor(), launches),
+            warmed_device_seconds(lambda: a @ b, torch_fw, launches))
 
 
-def throughput(torch, quick):
+def throughput(torch_fw, quick):
+    torch = torch_fw.module
     rows = []
     for (m, n, k) in LARGE[:1] if quick else LARGE:
         for label, dtype_name, tf32 in MODES:
             _set_tf32(torch, tf32)
-            t_mt, t_torch = _product_seconds(torch, m, n, k, dtype_name)
+            t_mt, t_torch = _product_seconds(torch_fw, m, n, k, dtype_name)
             flops = 2 * m * n * k
             rows.append((f"{m}x{n}x{k}", label, f"{flops / t_mt / 1e12:.1f}", f"{flops / t_torch / 1e12:.1f}",
                          f"{t_torch / t_mt:.2f}"))
@@ -87,7 +69,8 @@ def throughput(torch, quick):
     return table(("shape", "dtype", "minitensor TFLOP/s", "torch TFLOP/s", "mt/torch"), rows)
 
 
-def host_time(torch, quick):
+def host_time(torch_fw, quick):
+    torch = torch_fw.module
     rows = []
     for (m, n, k) in SMALL:
         a, b, ma, mb = _operands(torch, m, n, k, "float32")
@@ -105,12 +88,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4096^3 only, fewer repeats")
     args = parser.parse_args()
-    import torch  # the comparison: only this script needs it
-    if mt.cuda.backend() != "nvidia":
-        raise SystemExit("bench.matmul measures a GPU; the simulator has nothing to measure")
-    print(host_time(torch, args.quick))
+    torch_fw = frameworks.torch_or_none()
+    if mt.cuda.backend() != "nvidia" or torch_fw is None:
+        raise SystemExit("bench.matmul compares with torch on a GPU: it needs both")
+    print(host_time(torch_fw, args.quick))
     print()
-    print(throughput(torch, args.quick))
+    print(throughput(torch_fw, args.quick))
 
 
 if __name__ == "__main__":

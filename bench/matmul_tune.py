@@ -2,13 +2,14 @@
 class, size class), the fastest: the table `_CONFIGS` in kernels/matmul_plans.py is copied from this output.
 
 `python -m bench.matmul_tune [--quick]`. Each candidate is (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps,
-num_stages), timed with CUDA events on a representative shape of its size class; a candidate that fails to
+num_stages), timed with CUDA events (bench.matmul.warmed_device_seconds) on a representative shape of its size class; a candidate that fails to
 compile or launch (too much shared memory) is skipped.
 """
 import argparse
 
 import minitensor as mt
-from bench.matmul import warm_up
+from bench import frameworks
+from bench.matmul import warmed_device_seconds
 from bench.table import table
 from minitensor.kernels import matmul_plans
 from minitensor.ops import matmul as products
@@ -27,22 +28,6 @@ CANDIDATES = {
 }
 
 
-def _seconds(a, b, launches=10):
-    """Seconds per product, the best of three bursts, after a warm-up (see bench.matmul.warm_up)."""
-    warm_up(lambda: a @ b, mt.cuda.synchronize, 0.2)
-    start, end = mt.cuda.Event(enable_timing=True), mt.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(3):
-        start.record()
-        for _ in range(launches):
-            c = a @ b
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3 / launches)
-    del c
-    return best
-
-
 def tune(precision, size):
     m, n, k = SHAPES[size]
     mt.backends.cuda.matmul.allow_tf32 = precision == "tf32"
@@ -54,7 +39,7 @@ def tune(precision, size):
         matmul_plans.matmul_plan.cache_clear()
         products._fast.clear()
         try:
-            results.append((_seconds(a, b), config))
+            results.append((warmed_device_seconds(lambda: a @ b, frameworks.minitensor(), 10), config))
         except Exception as exc:  # a configuration past the shared memory: not a candidate
             print(f"  {precision} {size} {config}: {type(exc).__name__}: {str(exc)[:80]}")
     mt.backends.cuda.matmul.allow_tf32 = False
