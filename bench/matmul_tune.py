@@ -2,8 +2,8 @@
 class, size class), the fastest: the table `_CONFIGS` in kernels/matmul_plans.py is copied from this output.
 
 `python -m bench.matmul_tune [--quick]`. Each candidate is (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps,
-num_stages), timed with CUDA events (bench.matmul.warmed_device_seconds) on a representative shape of its size class; a candidate that fails to
-compile or launch (too much shared memory) is skipped.
+num_stages), timed with CUDA events (bench.matmul.warmed_device_seconds) on a representative shape of its size
+class; a candidate that fails to compile or launch (too much shared memory) is skipped.
 """
 import argparse
 

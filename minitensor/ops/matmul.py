@@ -13,6 +13,8 @@ bfloat16 in float32, rounded once, as torch's CPU kernels do).
 keeps, for each, the closure that allocates the result and launches, so a repeated product costs a dict
 lookup, an allocation and a launch.
 """
+import math
+
 import numpy as np
 
 from ..backends import cuda as flags
@@ -145,11 +147,11 @@ def _matmul_checked(a, b, out):
     m, k, n = a2._shape[-2], a2._shape[-1], b2._shape[-1]
     if b2._shape[-2] != k:
         raise _mismatch(a2, b2) if len(batch) == 0 else RuntimeError(
-            f"Expected size for first two dimensions of batch2 tensor to be: [{max(1, _count(batch))}, {k}] but "
-            f"got: [{max(1, _count(batch))}, {b2._shape[-2]}].")
+            f"Expected size for first two dimensions of batch2 tensor to be: [{max(1, math.prod(batch))}, {k}] but "
+            f"got: [{max(1, math.prod(batch))}, {b2._shape[-2]}].")
     shape = batch + ((m,) if a.dim() > 1 else ()) + ((n,) if b.dim() > 1 else ())
-    a3 = a2.expand(batch + (m, k)).reshape(_count(batch), m, k)
-    b3 = b2.expand(batch + (k, n)).reshape(_count(batch), k, n)
+    a3 = a2.expand(batch + (m, k)).reshape(math.prod(batch), m, k)
+    b3 = b2.expand(batch + (k, n)).reshape(math.prod(batch), k, n)
     return _batched(a3, b3, None, 1, 0, out, shape)
 
 
@@ -165,9 +167,7 @@ def _remember_fast(a, b, c):
     if precision == "tf32" and any(x is not y for x, y in zip(_k_major(a3, b3), (a3, b3))):
         return  # operands to copy first: the checked path's work
     strides = a3._stride + b3._stride + c3._stride + (0, 0, 0)
-    launch = plans.matmul_plan(a.dtype.triton, c.dtype.triton, precision, flags.fp16_accumulation(), batch, m, n,
-                               k, None, False, _extent(a, b, c) >= 2**31, _aligned((0, 0, 0, 0), (m, n, k) + strides),
-                               _unit_strides(a3, b3), index)
+    launch = _plan(a3, b3, c3, None, False, precision, (0, 0, 0, 0), strides)  # run() checks a's and b's alignment
     device, dtype, shape, c_strides, layout = c.device, c.dtype, c._shape, c._stride, c._layout or layout_of(c)
     nbytes, allocator, new_tensor = c.numel() * dtype.itemsize, memory.allocator(index), fields.tensor
 
@@ -189,13 +189,6 @@ def linear(input, weight, bias=None):
     _tensor(input, "linear", "input"), _tensor(weight, "linear", "weight")
     product = matmul(input, weight.t() if weight.dim() == 2 else weight)
     return product if bias is None else product.add_(bias)
-
-
-def _count(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _mismatch(a, b):
@@ -282,10 +275,7 @@ def _cuda_product(a, b, bias, alpha, beta, c):
     bias_ptr = target.data_ptr() if bias is None else bias.data_ptr()
     pointers = (a.data_ptr(), b.data_ptr(), target.data_ptr(), bias_ptr)
     strides = a._stride + b._stride + target._stride + (bias._stride if bias is not None else (0, 0, 0))
-    run = plans.matmul_plan(
-        a.dtype.triton, target.dtype.triton, precision, flags.fp16_accumulation(), batch, m, n, k,
-        None if bias is None else bias.dtype.triton, alpha != 1, _extent(a, b, target) >= 2**31,
-        _aligned(pointers, (m, n, k) + strides), _unit_strides(a, b), index)
+    run = _plan(a, b, target, bias, alpha != 1, precision, pointers, strides)
     run(current_stream_handle(index), *pointers, strides, float(alpha), float(beta))
     if target is not c:
         copy_(c, target)
@@ -301,8 +291,14 @@ def _k_major(a, b):
     return a, b
 
 
-def _extent(*tensors):
-    return max(x.numel() * x.dtype.itemsize for x in tensors)
+def _plan(a, b, c, bias, scaled, precision, pointers, strides):
+    """The kernel's launch for 3-D operands (pointers: a, b, c, bias; strides: theirs, in that order)."""
+    (batch, m, k), n = a._shape, b._shape[2]
+    extent = max(x.numel() * x.dtype.itemsize for x in (a, b, c))
+    return kernels().matmul_plans.matmul_plan(
+        a.dtype.triton, c.dtype.triton, precision, flags.fp16_accumulation(), batch, m, n, k,
+        None if bias is None else bias.dtype.triton, scaled, extent >= 2**31, _aligned(pointers, (m, n, k) + strides),
+        _unit_strides(a, b), c.device.index)
 
 
 def _aligned(pointers, ints):
