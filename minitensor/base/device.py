@@ -8,6 +8,11 @@ _TYPE_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 _TYPES = {"cpu", "cuda"}  # and those added by register_type
 
 
+def of_registered_type(d):
+    """Whether device `d` is of a type a third party registered (neither cpu nor cuda)."""
+    return d.type != "cpu" and d.type != "cuda"
+
+
 def register_type(name):
     """Let device strings name a new device type (minitensor.backends.register_device_type calls this)."""
     if not isinstance(name, str) or not _TYPE_NAME_RE.fullmatch(name):

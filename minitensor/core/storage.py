@@ -12,7 +12,7 @@ import pickle
 import numpy as np
 
 from ..base.arguments import int_arg
-from ..base.device import CPU
+from ..base.device import CPU, of_registered_type
 from ..cuda import host_memory, memory, transfer
 from ..cuda.device_modules import module_for
 from ..cuda.devices import as_device, cuda_device
@@ -132,7 +132,7 @@ def copy_storage_bytes(dst, dst_offset, src, src_offset, nbytes, non_blocking=Fa
     """`nbytes` from `src` (at byte `src_offset`) into `dst` (at `dst_offset`): storages on any two devices. A
     registered device type's copies go through the host, one side at a time (cuda/device_modules.py)."""
     dst_ptr, src_ptr = dst.data_ptr() + dst_offset, src.data_ptr() + src_offset
-    registered = next((d for d in (dst.device, src.device) if d.type not in ("cpu", "cuda")), None)
+    registered = next((d for d in (dst.device, src.device) if of_registered_type(d)), None)
     if registered is None:
         host = src if src.device.type == "cpu" else dst
         transfer.copy_bytes(dst_ptr, dst.device.index, src_ptr, src.device.index, nbytes, non_blocking,

@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 
-from ..base.device import CPU
+from ..base.device import CPU, of_registered_type as registered
 from ..core import fields
 from ..core.alloc import empty
 from ..core.host_arrays import checked_scalar, numpy_values, numpy_view, to_storage_values
@@ -126,11 +126,6 @@ def _copy_across(dst, src, non_blocking):
                         host._storage._block)
     if target is not dst:
         copy_(dst, target)  # on dst's device: broadcast, cast, strides
-
-
-def registered(device):
-    """Whether `device` is of a type a third party registered (neither cpu nor cuda)."""
-    return device.type != "cpu" and device.type != "cuda"
 
 
 def _copy_registered(dst, src):

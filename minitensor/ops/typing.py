@@ -3,7 +3,7 @@ device an op runs on, and the checks of an `out=` tensor, with torch's error mes
 import numpy as np
 
 from ..base import dtypes
-from ..base.device import CPU
+from ..base.device import CPU, of_registered_type
 from ..core import fields
 from ..core.shapes import broadcast_shapes
 
@@ -85,7 +85,7 @@ def check_cast(result, out):
 
 def refuse_registered(device, op):
     """Raise for a device of a type a third party registered: minitensor's ops run on cpu and cuda only."""
-    if device.type != "cuda" and device.type != "cpu":
+    if of_registered_type(device):
         raise NotImplementedError(f"Could not run '{op}' with arguments from the '{device.type}' backend: "
                                   f"minitensor's ops run on cpu and cuda tensors. A registered device type's "
                                   f"tensors are made by factories, filled (fill_, zero_) and copied (to, cpu, "
