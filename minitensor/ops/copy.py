@@ -45,12 +45,13 @@ def fill_(t, value):
     value = fill_value(t.dtype, value)
     if t.device.type == "cpu":
         numpy_view(t)[...] = to_storage_values(np.array(value), t.dtype)
-    elif registered(t.device):
-        if 0 not in t._shape:
-            _copy_registered(t, fields.tensor(UntypedStorage(t.dtype.itemsize), (), (), 0, t.dtype).fill_(value))
-    elif 0 not in t._shape:
+    elif 0 in t._shape:
+        return
+    elif t.device.type == "cuda":
         plan = kernels().plans.fill_plan(t.dtype, t._shape, t._stride, t.device.index)
         plan.run(current_stream_handle(t.device.index), (t.data_ptr(),), (value,))
+    else:  # a registered device type's: the value filled on the host, then copied
+        _copy_registered(t, fields.tensor(UntypedStorage(t.dtype.itemsize), (), (), 0, t.dtype).fill_(value))
 
 
 def copy_(dst, src, non_blocking=False):
@@ -72,14 +73,14 @@ def copy_(dst, src, non_blocking=False):
             _copy_registered(dst, src)
         else:
             _copy_across(dst, src, non_blocking)
-    elif dst.device.type == "cpu":
-        numpy_view(dst)[...] = to_storage_values(numpy_values(src.expand(dst._shape)), dst.dtype)
-    elif registered(dst.device):
-        _copy_registered(dst, src)
-    else:
+    elif dst.device.type == "cuda":
         src_stride = expanded(src._shape, src._stride, dst._shape)[1]
         plan = kernels().plans.copy_plan(src.dtype, dst.dtype, dst._shape, src_stride, dst._stride, dst.device.index)
         plan.run(current_stream_handle(dst.device.index), (src.data_ptr(), dst.data_ptr()), ())
+    elif dst.device.type == "cpu":
+        numpy_view(dst)[...] = to_storage_values(numpy_values(src.expand(dst._shape)), dst.dtype)
+    else:  # a registered device type's: through the host
+        _copy_registered(dst, src)
 
 
 def _check_no_partial_overlap(dst, src):
