@@ -161,12 +161,6 @@ class MatmulFlags:
 matmul = MatmulFlags()
 
 
-def reduced_precision_split_k(dtype_name):
-    """Whether a split-K product of float16 or bfloat16 may add its partial sums in that precision."""
-    allow, split_k = _State.fp16_reduction if dtype_name == "float16" else _State.bf16_reduction
-    return allow and split_k
-
-
 def fp16_accumulation():
     return _State.fp16_accumulation
 

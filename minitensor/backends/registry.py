@@ -30,10 +30,6 @@ def register_device_type(name, driver_factory):
     return type_id
 
 
-def is_registered(name):
-    return name in _factories
-
-
 def registered_device_types():
     """The names of the registered device types, in the order they were registered."""
     return tuple(_factories)
