@@ -2,8 +2,9 @@
 class, size class), the fastest: the table `_CONFIGS` in kernels/matmul_plans.py is copied from this output.
 
 `python -m bench.matmul_tune [--quick]`. Each candidate is (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps,
-num_stages), timed with CUDA events (bench.matmul.warmed_device_seconds) on a representative shape of its size
-class; a candidate that fails to compile or launch (too much shared memory) is skipped.
+num_stages) for the classic kernel, with SUBTILE for the persistent TMA kernel (`_TMA_CONFIGS`), timed with CUDA
+events (bench.matmul.warmed_device_seconds) on a representative shape of its size class; a candidate that fails
+to compile or launch (too much shared memory) is skipped.
 """
 import argparse
 
@@ -26,6 +27,31 @@ CANDIDATES = {
     "double": [(64, 64, 32, 8, 4, 3), (64, 64, 16, 8, 4, 3), (32, 64, 32, 8, 4, 3), (32, 32, 32, 8, 4, 3),
                (64, 128, 16, 8, 8, 3)],
 }
+# the persistent TMA kernel's (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, SUBTILE), for
+# matmul_plans._TMA_CONFIGS: a class whose best TMA candidate beats the best of CANDIDATES belongs there
+TMA_CANDIDATES = {
+    "half": [(128, 256, 64, 8, 8, 3, 1), (128, 256, 64, 8, 8, 3, 2), (128, 256, 64, 8, 8, 4, 2),
+             (256, 128, 64, 8, 8, 3, 2), (256, 128, 64, 8, 8, 4, 2), (128, 128, 64, 8, 8, 4, 1),
+             (128, 128, 64, 8, 4, 4, 2), (64, 128, 64, 8, 4, 4, 1)],
+    "tf32": [(128, 256, 32, 8, 8, 3, 2), (256, 128, 32, 8, 8, 3, 2), (128, 128, 32, 8, 8, 4, 1),
+             (128, 128, 32, 8, 8, 4, 2), (128, 128, 32, 8, 4, 4, 2), (64, 128, 32, 8, 4, 4, 1)],
+    "ieee": [(64, 128, 32, 8, 4, 3, 1), (128, 128, 32, 8, 8, 3, 1), (64, 64, 32, 8, 4, 3, 1),
+             (128, 64, 32, 8, 4, 3, 1), (128, 128, 16, 8, 8, 4, 1), (64, 128, 16, 8, 4, 4, 1)],
+}
+
+
+def _time_candidates(table, key, candidates, product, flops):
+    """[(TFLOP/s, config)] of `product` with each candidate in matmul_plans' `table` at `key`."""
+    results = []
+    for config in candidates:
+        table[key] = config
+        matmul_plans.matmul_plan.cache_clear()
+        products._fast.clear()
+        try:
+            results.append((flops / warmed_device_seconds(product, frameworks.minitensor(), 10) / 1e12, config))
+        except Exception as exc:  # a configuration past the shared memory: not a candidate
+            print(f"  {key} {config}: {type(exc).__name__}: {str(exc)[:80]}")
+    return results
 
 
 def tune(precision, size):
@@ -33,20 +59,17 @@ def tune(precision, size):
     mt.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     a = mt.randn(m, k, device="cuda").to(DTYPES[precision])
     b = mt.randn(k, n, device="cuda").to(DTYPES[precision])
-    results = []
-    for config in CANDIDATES[precision]:
-        matmul_plans._CONFIGS[(precision, size)] = config
-        matmul_plans.matmul_plan.cache_clear()
-        products._fast.clear()
-        try:
-            results.append((warmed_device_seconds(lambda: a @ b, frameworks.minitensor(), 10), config))
-        except Exception as exc:  # a configuration past the shared memory: not a candidate
-            print(f"  {precision} {size} {config}: {type(exc).__name__}: {str(exc)[:80]}")
+    key, flops = (precision, size), 2 * m * n * k
+    saved_tma = matmul_plans._TMA_CONFIGS.pop(key, None)  # the classic kernel first, without TMA
+    results = _time_candidates(matmul_plans._CONFIGS, key, CANDIDATES[precision], lambda: a @ b, flops)
+    tma = _time_candidates(matmul_plans._TMA_CONFIGS, key, TMA_CANDIDATES.get(precision, []), lambda: a @ b, flops)
+    matmul_plans._TMA_CONFIGS.pop(key, None)
+    if saved_tma is not None:
+        matmul_plans._TMA_CONFIGS[key] = saved_tma
     mt.backends.cuda.matmul.allow_tf32 = False
-    best_s, best = min(results)
-    flops = 2 * m * n * k
-    return (precision, size, f"{m}x{n}x{k}", str(best), f"{flops / best_s / 1e12:.1f}",
-            " ".join(f"{flops / s / 1e12:.0f}" for s, _ in results))
+    best, best_tma = max(results), max(tma, default=(0.0, None))
+    return (precision, size, f"{m}x{n}x{k}", str(best[1]), f"{best[0]:.1f}", str(best_tma[1]), f"{best_tma[0]:.1f}",
+            " ".join(f"{t:.0f}" for t, _ in results + tma))
 
 
 def main():
@@ -57,7 +80,8 @@ def main():
         raise SystemExit("bench.matmul_tune measures a GPU")
     sizes = ["large"] if args.quick else list(SHAPES)
     rows = [tune(precision, size) for precision in CANDIDATES for size in sizes]
-    print(table(("precision", "size", "shape", "best config", "TFLOP/s", "all candidates' TFLOP/s"), rows))
+    print(table(("precision", "size", "shape", "best config", "TFLOP/s", "best TMA config", "TFLOP/s",
+                 "all candidates' TFLOP/s"), rows))
 
 
 if __name__ == "__main__":

@@ -123,15 +123,18 @@ def interpreter_arg_wrappers(signature):
     return wrappers
 
 
-# Triton 3.6 appends two pointer parameters to every compiled kernel (global and profile scratch); minitensor's
-# kernels need neither, so its launcher passes null for both.
-_SCRATCH_KINDS = "nn"
+# Triton 3.6 appends two pointer parameters to every compiled kernel: global scratch (tensor descriptors made in
+# the kernel live there, a slot per program) and profile scratch (minitensor never profiles). A kernel that needs
+# global scratch takes its address as one more launch argument ('p'); the launcher passes null for the rest.
+_SCRATCH_KINDS = {False: "nn", True: "pn"}
+_SCRATCH_ALIGN = 512  # every allocator block starts on this boundary
 _PARAM_KINDS = {"i32": "i", "u32": "u", "i64": "l", "u64": "q", "fp32": "f", "fp64": "d"}
 
 
 def compile_cuda(kernel, signature, constexprs, aligned, capability, num_warps, num_stages):
     """Compile for a device of this capability and return what the launcher needs: the cubin, the kernel's
-    name, its dynamic shared memory, num_warps, and a kind code per kernel parameter (see _launch.c).
+    name, its dynamic shared memory, num_warps, a kind code per kernel parameter (see _launch.c), and the bytes of
+    global scratch each program needs (0: none, and no scratch argument).
 
     `aligned` holds the indices of pointer parameters known to be 16-byte aligned and int parameters
     known to be divisible by 16: without that Triton cannot emit 128-bit loads."""
@@ -143,8 +146,10 @@ def compile_cuda(kernel, signature, constexprs, aligned, capability, num_warps, 
     options = {"num_warps": num_warps, "num_stages": num_stages}
     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
     metadata = compiled.metadata
-    if metadata.global_scratch_size or metadata.profile_scratch_size:
-        raise RuntimeError(f"kernel {metadata.name} needs scratch memory, which minitensor does not provide")
+    if metadata.profile_scratch_size or metadata.global_scratch_align > _SCRATCH_ALIGN:
+        raise RuntimeError(f"kernel {metadata.name} needs profile scratch or scratch aligned to "
+                           f"{metadata.global_scratch_align} bytes, which minitensor does not provide")
+    scratch = metadata.global_scratch_size
     kinds = "".join("p" if ty.startswith("*") else _PARAM_KINDS[ty] for ty in signature.values() if ty != "constexpr")
     return {"cubin": compiled.asm["cubin"], "name": metadata.name, "shared": metadata.shared,
-            "num_warps": metadata.num_warps, "kinds": kinds + _SCRATCH_KINDS}
+            "num_warps": metadata.num_warps, "kinds": kinds + _SCRATCH_KINDS[scratch > 0], "scratch": scratch}

@@ -268,6 +268,25 @@ def copy_strided(src_ptr, dst_ptr, n, s1, s2, s3, i0, i1, i2, i3, o0, o1, o2, o3
 
 
 @jit
+def copy_transposed(src_ptr, dst_ptr, R, C, s_b, s_c, d_b, OUT_BOOL: tl.constexpr, INDEX64: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dst[b, r, c] = src[b, r, c], dst row-major and src unit-strided along r (a transposed view), in tiles: the
+    loads run along r and the stores along c, both coalesced, the compiler transposing through shared memory
+    (copy_strided's element order would leave the reads scattered)."""
+    batch = tl.program_id(2)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    if INDEX64:
+        batch = batch.to(tl.int64)
+        rows = rows.to(tl.int64)
+        cols = cols.to(tl.int64)
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    x = tl.load(src_ptr + batch * s_b + rows[:, None] + cols[None, :] * s_c, mask=mask)
+    dst = dst_ptr + batch * d_b + rows[:, None] * C + cols[None, :]
+    tl.store(dst, _cast(x, OUT_BOOL, dst_ptr.dtype.element_ty), mask=mask)
+
+
+@jit
 def unary_contiguous(x_ptr, out_ptr, n, OP: tl.constexpr, COMPUTE: tl.constexpr, OUT_BOOL: tl.constexpr,
                      INDEX64: tl.constexpr, BLOCK: tl.constexpr):
     offs = _linear_offsets(INDEX64, BLOCK)

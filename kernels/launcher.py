@@ -43,14 +43,24 @@ def get(kernel, device, types, constexprs, aligned=(), num_warps=4, num_stages=3
     parameter; constexpr parameters come last in every minitensor kernel. `aligned` holds the indices of
     pointer parameters known to be 16-byte aligned and int parameters known to be divisible by 16.
     `num_stages` is the depth of the software pipeline of loops over loads (Triton's default is 3)."""
-    key = (kernel, device, types, constexprs, aligned, num_warps, num_stages)
-    launch = _compiled.get(key)
-    if launch is None:
-        with _lock:
-            launch = _compiled.get(key)
-            if launch is None:
-                launch = _compiled[key] = _load(*key)
+    launch, scratch = get_with_scratch(kernel, device, types, constexprs, aligned, num_warps, num_stages)
+    if scratch:
+        raise RuntimeError(f"kernel {kernel} needs global scratch memory: launch it through get_with_scratch")
     return launch
+
+
+def get_with_scratch(kernel, device, types, constexprs, aligned=(), num_warps=4, num_stages=3):
+    """(launch, bytes of global scratch per program) for a kernel that may need scratch (tensor descriptors made
+    in the kernel): when it is not 0, the launch takes the address of grid-size times that many bytes, from the
+    allocator on the launch's stream, as its last argument."""
+    key = (kernel, device, types, constexprs, aligned, num_warps, num_stages)
+    entry = _compiled.get(key)
+    if entry is None:
+        with _lock:
+            entry = _compiled.get(key)
+            if entry is None:
+                entry = _compiled[key] = _load(*key)
+    return entry
 
 
 def _load(kernel, device, types, constexprs, aligned, num_warps, num_stages):
@@ -64,7 +74,7 @@ def _load(kernel, device, types, constexprs, aligned, num_warps, num_stages):
         function = _function(kernel)
         signature, constexpr_values = _signature(function, types, constexprs)
         return driver.interpret(device, function, _compat().interpreter_arg_wrappers(signature),
-                                constexpr_values.values())
+                                constexpr_values.values()), 0
     props = driver.properties(device)
     capability = props.major * 10 + props.minor
     entry = diskcache.path("kernels-" + _cache_key(kernel, types, constexprs, aligned, (num_warps, num_stages),
@@ -80,7 +90,7 @@ def _load(kernel, device, types, constexprs, aligned, num_warps, num_stages):
         binary["cubin"] = cubin
     function, context = driver.load_function(device, binary["cubin"], binary["name"], binary["shared"])
     return native().Launcher(function, context, 32 * binary["num_warps"], binary["shared"], binary["kinds"].encode(),
-                             binary["name"])
+                             binary["name"]), binary["scratch"]
 
 
 def native():

@@ -24,7 +24,7 @@ def _round_to_tf32(x):
 
 
 @jit
-def _tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+def tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """(row tile, column tile) of program `pid`, grouped: GROUP_M row tiles walk the columns together."""
     tiles_m = (M + BLOCK_M - 1) // BLOCK_M
     tiles_n = (N + BLOCK_N - 1) // BLOCK_N
@@ -44,6 +44,12 @@ def _step(acc, a_ptrs, b_ptrs, rows, cols, M, N, left, BLOCK_K: tl.constexpr, AC
     else:
         a = tl.load(a_ptrs, mask=(rows[:, None] < M) & (tl.arange(0, BLOCK_K)[None, :] < left), other=0.0)
         b = tl.load(b_ptrs, mask=(tl.arange(0, BLOCK_K)[:, None] < left) & (cols[None, :] < N), other=0.0)
+    return dot(acc, a, b, ACC, PRECISION, INTERPRETED)
+
+
+@jit
+def dot(acc, a, b, ACC: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    """acc + a @ b on the tensor cores; in the interpreter, with their tf32 rounding and bfloat16 widened."""
     if INTERPRETED and PRECISION == "tf32":
         a = _round_to_tf32(a)
         b = _round_to_tf32(b)
@@ -68,7 +74,7 @@ def matmul(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
         b_sk = 1
     if B_N1:
         b_sn = 1
-    pid_m, pid_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     batch = tl.program_id(1)
     split = tl.program_id(2)
     if INDEX64:

@@ -19,6 +19,7 @@ from . import launcher
 # The interpreter costs ~1 ms per program whatever its size: give it few, large programs.
 BLOCK = 1 << 16 if active_driver().interprets_kernels else 1024
 MAX_RANK = 4
+_MAX_GRID_Z = 65535
 TENSOR, SCALAR, ABSENT = range(3)  # how an operand reaches a kernel: loaded, as a kernel scalar, or not at all
 
 
@@ -170,9 +171,38 @@ def copy_plan(src_dtype, dst_dtype, shape, src_strides, dst_strides, device):
         compute = dst_dtype if dst_dtype.is_complex else src_dtype
         return _complex_plan("unary", COPY, (src_dtype,), dst_dtype, shape, (src_strides, dst_strides), compute,
                              device)
-    return _Plan(device, ("*" + src_dtype.triton, "*" + dst_dtype.triton), (), shape, [src_strides, dst_strides],
-                 [src_dtype.itemsize, dst_dtype.itemsize], "elementwise.copy_contiguous", "elementwise.copy_strided",
-                 (dst_dtype is dtypes.bool_,))
+    types = ("*" + src_dtype.triton, "*" + dst_dtype.triton)
+    merged, (src_merged, dst_merged) = collapse(shape, [src_strides, dst_strides])
+    if _is_transposition(merged, src_merged, dst_merged):
+        return _TransposedCopyPlan(types, merged, src_merged, dst_merged, dst_dtype is dtypes.bool_, device)
+    return _Plan(device, types, (), shape, [src_strides, dst_strides], [src_dtype.itemsize, dst_dtype.itemsize],
+                 "elementwise.copy_contiguous", "elementwise.copy_strided", (dst_dtype is dtypes.bool_,))
+
+
+def _is_transposition(shape, src_strides, dst_strides):
+    """Whether the copy writes row-major (batch, R, C) matrices from a source that runs along R: a transposed view
+    made contiguous (at most 65535 batches: the grid's third axis)."""
+    return (len(shape) in (2, 3) and dst_strides[-1] == 1 and dst_strides[-2] == shape[-1] and src_strides[-2] == 1
+            and src_strides[-1] != 1 and (len(shape) == 2 or shape[0] <= _MAX_GRID_Z))
+
+
+class _TransposedCopyPlan:
+    """copy_plan's run for a transposition: elementwise.copy_transposed over square tiles."""
+    __slots__ = ("run", "contiguous")
+
+    def __init__(self, types, shape, src_strides, dst_strides, out_bool, device):
+        batch, rows, cols = ([1] + list(shape))[-3:]
+        s_b, d_b = (src_strides[0], dst_strides[0]) if len(shape) == 3 else (0, 0)
+        index64 = _needs_int64(math.prod(shape), shape, [src_strides, dst_strides])
+        block = 32 if active_driver().interprets_kernels else 64
+        launch = launcher.get("elementwise.copy_transposed", device, types + ("i64" if index64 else "i32",) * 5,
+                              (out_bool, index64, block, block))
+        grid = (-(-rows // block), -(-cols // block), batch)
+        self.contiguous = None
+
+        def run(stream, pointers, scalars):
+            launch(*grid, stream, *pointers, rows, cols, s_b, src_strides[-1], d_b)
+        self.run = run
 
 
 @functools.lru_cache(maxsize=4096)

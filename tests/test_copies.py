@@ -406,3 +406,24 @@ def test_negative_floats_to_uint8_wrap_through_int64(device, src_dtype):
     to 0)."""
     t = mt.tensor([-2.0, -1.5, -256.0, 300.0, 7.75], dtype=src_dtype, device=device)
     assert t.to(mt.uint8).tolist() == [254, 255, 0, 44, 7]
+
+
+TRANSPOSE_DTYPES = [mt.bool, mt.uint8, mt.int16, mt.int64, mt.float16, mt.bfloat16, mt.float32, mt.float64]
+
+
+@pytest.mark.parametrize("dtype", TRANSPOSE_DTYPES, ids=str)
+@pytest.mark.parametrize("shape, perm", [((70, 45), (1, 0)), ((3, 33, 65), (0, 2, 1)), ((2, 3, 40, 9), (0, 1, 3, 2)),
+                                         ((0, 5), (1, 0)), ((1, 17), (1, 0))])
+def test_transposed_views_made_contiguous(dtype, shape, perm):
+    """kernels/elementwise.copy_transposed: tiles past every edge, batches, casts, against numpy."""
+    values = np.random.default_rng(len(shape)).standard_normal(shape) * 40
+    x = mt.tensor(values, device="cuda").to(dtype)
+    expected = x.cpu().numpy().transpose(perm) if dtype is not mt.bfloat16 else None
+    y = x.permute(*perm).contiguous()
+    assert y.is_contiguous() and y.shape == tuple(shape[p] for p in perm)
+    if expected is None:
+        np.testing.assert_array_equal(y.float().cpu().numpy(), x.float().cpu().numpy().transpose(perm))
+        return
+    np.testing.assert_array_equal(y.cpu().numpy(), expected)
+    wide = mt.empty(y.shape, dtype=mt.float64, device="cuda").copy_(x.permute(*perm))
+    np.testing.assert_array_equal(wide.cpu().numpy(), expected.astype(np.float64))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import minitensor as mt
+from minitensor.kernels import matmul_plans
 from minitensor.ops import matmul as products
 
 FLOATS = [mt.float16, mt.bfloat16, mt.float32, mt.float64]
@@ -204,6 +205,100 @@ def test_tf32_follows_the_flags(flags):
     assert error() < 2e-6
     mt.set_float32_matmul_precision("medium")
     assert 2e-5 < error() < 2e-3
+
+
+# (m, k, n) that the persistent TMA kernel (kernels/matmul_tma.py) takes: large on a GPU, small in the simulator's
+# interpreter; each ends in a partial tile (a partial step for K), and all are multiples of 16, as the strides of
+# transposed operands must be
+TMA_SHAPE = (2064, 528, 2080) if mt.cuda.backend() == "nvidia" else (48, 80, 48)
+# tf32 products copy B K-contiguous first (ops/matmul._k_major), so B's layout is always 't' for float32
+TMA_CASES = [(dtype, layout) for dtype in (mt.float16, mt.bfloat16, mt.float32) for layout in ("nn", "tn", "nt", "tt")
+             if dtype is not mt.float32 or layout[1] == "t"]
+
+
+@pytest.fixture
+def tma_plans(monkeypatch):
+    """The TMA plans built during the test (the plan cache emptied first, so every product plans anew)."""
+    built = []
+    original = matmul_plans._tma_plan
+    monkeypatch.setattr(matmul_plans, "_tma_plan", lambda *args: built.append(args) or original(*args))
+    matmul_plans.matmul_plan.cache_clear()
+    products._fast.clear()
+    yield built
+    matmul_plans.matmul_plan.cache_clear()
+    products._fast.clear()
+
+
+def _transposed_copy(t):
+    """t's values, laid out with its last two dims swapped in memory (a transposed operand, no copy at use)."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+@pytest.mark.parametrize("dtype, layout", TMA_CASES, ids=str)
+def test_persistent_tma_kernel_reads_every_layout(flags, tma_plans, dtype, layout):
+    flags.allow_tf32 = True
+    m, k, n = TMA_SHAPE
+    a, b = random((m, k), dtype, "cuda", 40), random((k, n), dtype, "cuda", 41)
+    a = _transposed_copy(a) if layout[0] == "t" else a
+    b = _transposed_copy(b) if layout[1] == "t" else b
+    tolerance = {mt.float32: 2e-3}.get(dtype, TOLERANCE[dtype])
+    exact = np.matmul(as_f64(a), as_f64(b))
+    got = as_f64(a @ b)
+    assert len(tma_plans) == 1
+    assert np.all(np.abs(got - exact) <= tolerance * np.matmul(np.abs(as_f64(a)), np.abs(as_f64(b))))
+
+
+@pytest.mark.parametrize("dtype", [mt.bfloat16, mt.float32], ids=str)
+def test_persistent_tma_kernel_batches_bias_and_alpha(flags, tma_plans, dtype):
+    flags.allow_tf32 = True
+    m, k, n = TMA_SHAPE
+    a, b = random((3, m, k), dtype, "cuda", 42), _transposed_copy(random((3, k, n), dtype, "cuda", 43))
+    bias = random((n,), dtype, "cuda", 44)
+    got = mt.baddbmm(bias, a, b, beta=0.5, alpha=-1.5)
+    assert len(tma_plans) == 1
+    exact = -1.5 * np.matmul(as_f64(a), as_f64(b)) + 0.5 * as_f64(bias)
+    scale = 1.5 * np.matmul(np.abs(as_f64(a)), np.abs(as_f64(b))) + 0.5 * np.abs(as_f64(bias))
+    tolerance = {mt.float32: 2e-3}.get(dtype, TOLERANCE[dtype])
+    assert np.all(np.abs(as_f64(got) - exact) <= tolerance * scale + 2**-8 * np.abs(exact))
+
+
+def test_tma_product_in_a_cuda_graph(tma_plans):
+    """The persistent kernel's scratch comes from the graph's pool; a replay recomputes from new inputs."""
+    m, k, n = TMA_SHAPE
+    a, b = random((m, k), mt.float16, "cuda", 45), random((k, n), mt.float16, "cuda", 46)
+    out = a @ b  # warm up: kernels load outside the capture
+    graph = mt.cuda.CUDAGraph()
+    with mt.cuda.graph(graph):
+        out = a @ b
+    a.copy_(random((m, k), mt.float16, "cuda", 47))
+    graph.replay()
+    assert tma_plans
+    check(out, a, b, mt.float16)
+
+
+def test_kept_tf32_path_copies_b_k_contiguous(flags):
+    """A repeated tf32 product of a row-major B takes the kept path, which copies B K-contiguous each call."""
+    flags.allow_tf32 = True
+    products._fast.clear()
+    a, b = random((3, 40, 64), mt.float32, "cuda", 51), random((3, 64, 48), mt.float32, "cuda", 52)
+    first = a @ b
+    assert len(products._fast) == 1
+    b.copy_(random((3, 64, 48), mt.float32, "cuda", 53))
+    second = a @ b
+    scale = np.matmul(np.abs(as_f64(a)), np.abs(as_f64(b)))
+    assert np.max(np.abs(as_f64(second) - np.matmul(as_f64(a), as_f64(b))) / scale) < 2e-3
+    assert not np.array_equal(as_f64(first), as_f64(second))
+
+
+def test_split_k_product_in_a_cuda_graph():
+    a, b = random((40, 4500), mt.float32, "cuda", 48), random((4500, 24), mt.float32, "cuda", 49)
+    out = a @ b
+    graph = mt.cuda.CUDAGraph()
+    with mt.cuda.graph(graph):
+        out = a @ b
+    a.copy_(random((40, 4500), mt.float32, "cuda", 50))
+    graph.replay()
+    check(out, a, b, mt.float32)
 
 
 def test_product_in_a_cuda_graph():

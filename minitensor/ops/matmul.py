@@ -157,29 +157,35 @@ def _matmul_checked(a, b, out):
 
 def _remember_fast(a, b, c):
     """Keep the closure for products laid out as a @ b = c (3-D, or 2-D seen as one batch), if they need no
-    split-K and no batch chunks: it allocates, checks the pointers' alignment, launches."""
+    split-K and no batch chunks: it copies tf32 operands K-contiguous where they are not (`_k_major`), allocates,
+    checks the pointers' alignment, launches."""
     a3, b3, c3 = (x.unsqueeze(0) if x.dim() == 2 else x for x in (a, b, c))
     (batch, m, k), n, index = a3._shape, b3._shape[2], c.device.index
     plans = kernels().matmul_plans
     precision = plans.precision_class(a.dtype.name)
     if batch > _MAX_GRID_Y or plans.split_k(precision, batch, m, n, k, index) > 1 or c.numel() == 0:
         return
-    if precision == "tf32" and any(x is not y for x, y in zip(_k_major(a3, b3), (a3, b3))):
-        return  # operands to copy first: the checked path's work
+    copies = precision == "tf32" and any(x is not y for x, y in zip(_k_major(a3, b3), (a3, b3)))
+    if copies:  # the strides of the K-contiguous copies each call makes
+        a3, b3 = _k_major(a3, b3)
     strides = a3._stride + b3._stride + c3._stride + (0, 0, 0)
-    launch = _plan(a3, b3, c3, None, False, precision, (0, 0, 0, 0), strides)  # run() checks a's and b's alignment
+    plan = _plan(a3, b3, c3, None, False, precision, (0, 0, 0, 0), strides)  # run() checks a's and b's alignment
+    launch, scratch_bytes = plan.run, plan.scratch_bytes
     device, dtype, shape, c_strides, layout = c.device, c.dtype, c._shape, c._stride, c._layout or layout_of(c)
     nbytes, allocator, new_tensor = c.numel() * dtype.itemsize, memory.allocator(index), fields.tensor
 
     def run(a, b):
+        if copies:
+            a, b = _k_major(a, b)
         pa, pb = a.data_ptr(), b.data_ptr()
         if (pa | pb) & 15:
             return _matmul_checked(a, b, None)
         handles = _streams_tls.handles
         stream = 0 if handles is None else handles[index]
         storage = allocate(nbytes, device, allocator, stream)
+        scratch = allocate(scratch_bytes, device, allocator, stream) if scratch_bytes else None
         pc = storage._block.ptr
-        launch(stream, pa, pb, pc, pc, strides, 1.0, 0.0)
+        launch(stream, pa, pb, pc, pc, strides, 1.0, 0.0, scratch._block.ptr if scratch_bytes else 0)
         return new_tensor(storage, shape, c_strides, 0, dtype, layout)
     _fast[(a._layout or layout_of(a), b._layout or layout_of(b), flags.version())] = run
 
@@ -275,8 +281,10 @@ def _cuda_product(a, b, bias, alpha, beta, c):
     bias_ptr = target.data_ptr() if bias is None else bias.data_ptr()
     pointers = (a.data_ptr(), b.data_ptr(), target.data_ptr(), bias_ptr)
     strides = a._stride + b._stride + target._stride + (bias._stride if bias is not None else (0, 0, 0))
-    run = _plan(a, b, target, bias, alpha != 1, precision, pointers, strides)
-    run(current_stream_handle(index), *pointers, strides, float(alpha), float(beta))
+    plan = _plan(a, b, target, bias, alpha != 1, precision, pointers, strides)
+    stream = current_stream_handle(index)
+    scratch = allocate(plan.scratch_bytes, c.device, memory.allocator(index), stream) if plan.scratch_bytes else None
+    plan.run(stream, *pointers, strides, float(alpha), float(beta), scratch._block.ptr if scratch else 0)
     if target is not c:
         copy_(c, target)
 
@@ -284,27 +292,33 @@ def _cuda_product(a, b, bias, alpha, beta, c):
 def _k_major(a, b):
     """tf32 tensor cores read both operands K-contiguous (16-bit ones also take them transposed): copying an operand
     that is not costs a few percent of a large product, and its transposition in shared memory costs far more."""
-    if a._stride[2] != 1:
+    if a._stride[-1] != 1:
         a = a.contiguous()
-    if b._stride[1] != 1:
-        b = b.transpose(1, 2).contiguous().transpose(1, 2)
+    if b._stride[-2] != 1:
+        b = b.transpose(-1, -2).contiguous().transpose(-1, -2)
     return a, b
 
 
 def _plan(a, b, c, bias, scaled, precision, pointers, strides):
-    """The kernel's launch for 3-D operands (pointers: a, b, c, bias; strides: theirs, in that order)."""
+    """The kernel's MatmulPlan for 3-D operands (pointers: a, b, c, bias; strides: theirs, in that order)."""
     (batch, m, k), n = a._shape, b._shape[2]
     extent = max(x.numel() * x.dtype.itemsize for x in (a, b, c))
     return kernels().matmul_plans.matmul_plan(
         a.dtype.triton, c.dtype.triton, precision, flags.fp16_accumulation(), batch, m, n, k,
         None if bias is None else bias.dtype.triton, scaled, extent >= 2**31, _aligned(pointers, (m, n, k) + strides),
-        _unit_strides(a, b), c.device.index)
+        _unit_strides(a, b), _tma_layout(a, b, c), c.device.index)
 
 
 def _aligned(pointers, ints):
     """The kernel's parameters that are multiples of 16: 16-byte aligned pointers, then M, N, K and strides."""
     return tuple(i for i, p in enumerate(pointers) if p % 16 == 0) + tuple(
         len(pointers) + i for i, v in enumerate(ints) if v % 16 == 0)
+
+
+def _tma_layout(a, b, c):
+    """Whether tensor descriptors could describe the product's C, and A's and B's batches: C's column stride is 1,
+    and a batch of more than one has no broadcast (0) batch stride."""
+    return c._stride[2] == 1 and (a._shape[0] == 1 or 0 not in (a._stride[0], b._stride[0], c._stride[0]))
 
 
 def _unit_strides(a, b):
