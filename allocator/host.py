@@ -64,8 +64,11 @@ class HostBlock:
 class HostCachingAllocator(StatsReset):
     """The process's pinned host memory cache."""
 
-    def __init__(self, driver, settings=None):
+    def __init__(self, driver, settings=None, capture_underway=lambda: False):
         self.driver = driver
+        # whether a stream captures now: then no event is queried (CUDA refuses cuEventQuery during a capture)
+        # and freed blocks wait for the next allocation after it
+        self._capture_underway = capture_underway
         self.stats = HostStats()
         self.null = HostBlock(0, 0, None)
         self._lock = threading.Lock()
@@ -118,7 +121,7 @@ class HostCachingAllocator(StatsReset):
                         self._history.alloc(block.ptr, block.size, block.stream, None)
                     return block
                 self._settle()
-            if self._queued_events and self._thread is None:
+            if self._queued_events and self._thread is None and not self._capture_underway():
                 self._events.poll()
             bin_ = self._bins.get(size)
             if bin_:
@@ -252,7 +255,8 @@ class HostCachingAllocator(StatsReset):
                 self._wake.clear()
                 with self._lock:
                     self._settle()
-                    self._events.poll()
+                    if not self._capture_underway():
+                        self._events.poll()
                     pending = bool(self._queued_events)
                 if pending:
                     self._wake.set()

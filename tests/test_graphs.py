@@ -521,9 +521,14 @@ def test_empty_capture_warns():
 
 def test_pinned_allocation_in_a_capture_keeps_it_valid():
     """A pinned host tensor made inside a capture (a size the host cache has no block for): the allocation
-    works (on a GPU, cuMemHostAlloc runs in the relaxed capture mode), and the capture goes on and ends."""
+    works (on a GPU, cuMemHostAlloc runs in the relaxed capture mode), and the capture goes on and ends. A block
+    freed before, whose copy's event is still queued, stays queued: no event is queried during a capture."""
     xd = rand(16)
     x = dev(xd)
+    staged = mt.empty(5 << 10, dtype=mt.uint8, pin_memory=True)
+    mt.cuda.sleep(20)
+    mt.empty(5 << 10, dtype=mt.uint8, device="cuda").copy_(staged, non_blocking=True)  # its event pends
+    del staged
     s = other_stream()
     g = mt.cuda.CUDAGraph()
     with mt.cuda.stream(s), capturing(g, s):

@@ -446,10 +446,12 @@ class SimDriver(SimGraphs, SimVmm, Driver):
         if mark is None:
             return True
         mark.refuse_if_captured()
+        self.refuse_unsafe_call()
         return mark.done.is_set()
 
     def event_synchronize(self, event):
         mark = self._event(event).mark
+        self.refuse_unsafe_call()
         if mark is not None:
             mark.refuse_if_captured()
             while not mark.done.wait(0.1):

@@ -91,6 +91,8 @@ class SimGraphs:
     """SimDriver's capture and graph calls (a mixin: they share its streams, handles and lock). State, set by
     the driver: `_graphs`, handle of a graph or of an executable graph -> its work, in order."""
 
+    _strict_captures = ()  # the captures underway in "global" or "thread_local" mode
+
     def stream_begin_capture(self, stream, mode):
         if stream == 0:
             raise capture_error(900)
@@ -98,6 +100,16 @@ class SimGraphs:
         if s.capture is not None:
             raise capture_error(401)
         s.capture = Capture(s, mode)
+        if mode != "relaxed":
+            with self._lock:
+                self._strict_captures += (s.capture,)
+
+    def refuse_unsafe_call(self):
+        """An event query or synchronisation while a capture is underway in "global" mode (any thread) or
+        "thread_local" mode (this thread) invalidates it and fails, as CUDA's "potentially unsafe" calls do."""
+        for capture in self._strict_captures:
+            if capture.mode == "global" or capture.thread == threading.get_ident():
+                raise capture.invalidate(900)
 
     def stream_end_capture(self, stream):
         s = self._stream(stream)
@@ -108,6 +120,8 @@ class SimGraphs:
             raise capture.invalidate(903)
         if capture.mode != "relaxed" and capture.thread != threading.get_ident():
             raise capture_error(908)
+        with self._lock:
+            self._strict_captures = tuple(c for c in self._strict_captures if c is not capture)
         for joined in capture.counts:
             joined.capture = None
         for mark in capture.marks:  # what waits for them from now on waits for nothing

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..allocator import HostCachingAllocator, settings as allocator_settings
 from ..backends import active_driver
+from . import capturing
 
 __all__ = ["host_empty_cache", "host_memory_stats", "host_register", "host_unregister",
            "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats"]
@@ -24,7 +25,7 @@ def allocator():
     if _allocator is None:
         with _lock:
             if _allocator is None:
-                _allocator = HostCachingAllocator(active_driver(), allocator_settings.current())
+                _allocator = HostCachingAllocator(active_driver(), allocator_settings.current(), capturing.underway)
     return _allocator
 
 
