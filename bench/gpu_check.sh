@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine, run from the repo root: install, run the tests on the real GPU,
-# then the benchmark (and bench.matmul's table against cuBLAS), and end with a short summary.
+# then the benchmark (and bench.matmul's table against cuBLAS, bench.distributed's all_reduce against nccl4py and
+# torch.distributed on every GPU), and end with a short summary.
 # A test failure is reported; the bench still runs.
 # Logs and bench.json go to $OUT (the device tool's output folder), or to a temporary folder.
 #   STAGES  which of "tests bench" to run (default both)
@@ -22,6 +23,11 @@ export MINITENSOR_EXIT_WATCHDOG="${MINITENSOR_EXIT_WATCHDOG:-$OUT/exit_hang.log}
 
 "$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1
 pip_rc=$?
+# the distributed extras (nccl4py, mpi4py, mpich) the GPU image lacks: wheels carried in wheels/ (gitignored;
+# `pip download --no-deps --python-version 3.12 --only-binary=:all: -d wheels nccl4py mpi4py mpich` fills it)
+if compgen -G "wheels/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-deps wheels/*.whl >>"$OUT/pip.log" 2>&1 || pip_rc=$?
+fi
 pytest_rc=skipped
 serial_rc=skipped
 bench_rc=skipped
@@ -48,6 +54,10 @@ if [[ " $STAGES " == *" bench "* ]]; then
     "$PY" -m bench --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
     bench_rc=$?
     timeout 200 "$PY" -m bench.matmul >"$OUT/bench_matmul.log" 2>&1 || bench_rc="$bench_rc, matmul failed"
+    # all_reduce against nccl4py and torch.distributed, one rank per GPU (NCCL allows one rank a GPU)
+    gpus=$("$PY" -c "import minitensor as mt; print(mt.cuda.device_count())")
+    timeout 200 "$PY" -m minitensor.distributed.run --nproc-per-node "$gpus" -m bench.distributed \
+        >"$OUT/bench_distributed.log" 2>&1 || bench_rc="$bench_rc, distributed failed"
 fi
 
 echo
@@ -61,5 +71,6 @@ if [ -s "$OUT/bench.json" ]; then
     "$PY" -m bench --summary "$OUT/bench.json"
 fi
 [ -s "$OUT/bench_matmul.log" ] && tail -n 20 "$OUT/bench_matmul.log"
+[ -s "$OUT/bench_distributed.log" ] && tail -n 12 "$OUT/bench_distributed.log"
 [ "$pip_rc" = 0 ] && [[ "$pytest_rc" =~ ^(0|skipped)$ ]] && [[ "$serial_rc" =~ ^(0|skipped)$ ]] \
     && [[ "$bench_rc" =~ ^(0|skipped)$ ]]

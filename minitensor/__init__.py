@@ -43,9 +43,12 @@ _LAZY = {"save": "serialization.api", "load": "serialization.api", "save_safeten
 
 def __getattr__(name):
     """mt.save, mt.load and the safetensors pair, imported on first use: `import minitensor` stays cheap; and
-    the module of each registered device type (`mt.fake` once "fake" is registered), as torch's `torch.mtia`."""
+    the module of each registered device type (`mt.fake` once "fake" is registered), as torch's `torch.mtia`;
+    and `mt.distributed`, the package, as `torch.distributed`."""
     if name in backends.registered_device_types():
         return get_device_module(name)
+    if name == "distributed":
+        return importlib.import_module(f"{__name__}.{name}")
     if name not in _LAZY:
         raise AttributeError(f"module 'minitensor' has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

@@ -11,7 +11,7 @@ The layers, ground up; a module may import its own layer and the layers below it
     L6 minitensor.ops, minitensor.interop
     L7 minitensor.tensor, minitensor.creation
     L8 minitensor.serialization
-    L9 minitensor           the package __init__ and accelerator.py: the public face
+    L9 minitensor           the package __init__, accelerator.py, nn, distributed: the public face
 
 Why: the runtime (backends, allocator, kernels, cuda) then never knows tensors or ops, the import graph has no
 circles, and no import has to hide inside a function to dodge one. `kernels/` and `allocator/` are installed as
@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"minitensor.base": 0, "minitensor.backends": 1, "minitensor.allocator": 2, "minitensor.kernels": 3,
           "minitensor.cuda": 4, "minitensor.core": 5, "minitensor.ops": 6, "minitensor.interop": 6,
           "minitensor.tensor": 7, "minitensor.creation": 7, "minitensor.serialization": 8, "minitensor": 9,
-          "minitensor.memory_viz": 9, "minitensor.accelerator": 9, "minitensor.nn": 9}
+          "minitensor.memory_viz": 9, "minitensor.accelerator": 9, "minitensor.nn": 9,
+          "minitensor.distributed": 9}
 # one module each; the others are folders
 FILE_LAYERS = {"minitensor.tensor", "minitensor.creation", "minitensor", "minitensor.memory_viz",
                "minitensor.accelerator"}
