@@ -61,11 +61,11 @@ def test_every_collective_through_the_launcher(tmp_path, nproc):
     assert_all_passed(done, nproc)
 
 
-@pytest.mark.parametrize("backend", ["mpi", "mpi-staged"])
-def test_every_collective_under_mpiexec(tmp_path, backend):
+@pytest.mark.parametrize("backend, nproc", [("mpi", 2), ("mpi", 4), ("mpi-staged", 2)])
+def test_every_collective_under_mpiexec(tmp_path, backend, nproc):
     """mpi-staged: the engine's host staging, which it uses on a GPU (its driver runs no host work on streams)."""
-    done, _ = launch([MPIEXEC, "-n", 2, sys.executable, CHECKS, "checks", backend, tmp_path / "store"])
-    assert_all_passed(done, 2)
+    done, _ = launch([MPIEXEC, "-n", nproc, sys.executable, CHECKS, "checks", backend, tmp_path / "store"])
+    assert_all_passed(done, nproc)
 
 
 def test_ranks_no_process_manager_started_are_refused_with_how_to_start_them(tmp_path):
