@@ -58,7 +58,8 @@ def world_communicator(store, rank, world_size, timeout_s):
         raise DistBackendError(
             f"the MPI engine cannot join {world_size} ranks that were not started by an MPI process manager "
             "(MPICH <= 5.0.2 gives such processes one identity, so they cannot connect to each other): start "
-            "them with `mpiexec -n N python script.py`, or start each rank under `mpiexec -n 1`")
+            "them with `mpiexec -n N python script.py`, or with `python -m minitensor.distributed.run`, which starts "
+            "each rank under `mpiexec -n 1` when mpi4py and MPICH's mpiexec are installed beside the interpreter")
     return _connect(MPI, store, rank, world_size, timeout_s)
 
 
