@@ -262,18 +262,24 @@ def test_persistent_tma_kernel_batches_bias_and_alpha(flags, tma_plans, dtype):
     assert np.all(np.abs(as_f64(got) - exact) <= tolerance * scale + 2**-8 * np.abs(exact))
 
 
-def test_tma_product_in_a_cuda_graph(tma_plans):
-    """The persistent kernel's scratch comes from the graph's pool; a replay recomputes from new inputs."""
-    m, k, n = TMA_SHAPE
-    a, b = random((m, k), mt.float16, "cuda", 45), random((k, n), mt.float16, "cuda", 46)
-    out = a @ b  # warm up: kernels load outside the capture
+def replay_with_new_input(a_shape, b_shape, dtype, seed):
+    """a @ b captured in a CUDA graph (its kernels loaded by a first product outside the capture), then A
+    overwritten and the graph replayed: the captured output must hold the new product."""
+    a, b = random(a_shape, dtype, "cuda", seed), random(b_shape, dtype, "cuda", seed + 1)
+    out = a @ b
     graph = mt.cuda.CUDAGraph()
     with mt.cuda.graph(graph):
         out = a @ b
-    a.copy_(random((m, k), mt.float16, "cuda", 47))
+    a.copy_(random(a_shape, dtype, "cuda", seed + 2))
     graph.replay()
+    check(out, a, b, dtype)
+
+
+def test_tma_product_in_a_cuda_graph(tma_plans):
+    """The persistent kernel's scratch comes from the graph's pool; a replay recomputes from new inputs."""
+    m, k, n = TMA_SHAPE
+    replay_with_new_input((m, k), (k, n), mt.float16, 45)
     assert tma_plans
-    check(out, a, b, mt.float16)
 
 
 def test_kept_tf32_path_copies_b_k_contiguous(flags):
@@ -291,25 +297,11 @@ def test_kept_tf32_path_copies_b_k_contiguous(flags):
 
 
 def test_split_k_product_in_a_cuda_graph():
-    a, b = random((40, 4500), mt.float32, "cuda", 48), random((4500, 24), mt.float32, "cuda", 49)
-    out = a @ b
-    graph = mt.cuda.CUDAGraph()
-    with mt.cuda.graph(graph):
-        out = a @ b
-    a.copy_(random((40, 4500), mt.float32, "cuda", 50))
-    graph.replay()
-    check(out, a, b, mt.float32)
+    replay_with_new_input((40, 4500), (4500, 24), mt.float32, 48)
 
 
 def test_product_in_a_cuda_graph():
-    a, b = random((64, 48), mt.float32, "cuda", 28), random((48, 40), mt.float32, "cuda", 29)
-    out = a @ b  # warm up: kernels load outside the capture
-    graph = mt.cuda.CUDAGraph()
-    with mt.cuda.graph(graph):
-        out = a @ b
-    a.copy_(random((64, 48), mt.float32, "cuda", 30))
-    graph.replay()
-    check(out, a, b, mt.float32)
+    replay_with_new_input((64, 48), (48, 40), mt.float32, 28)
 
 
 # ------------------------------------------------------------------------------- the seed's flag tests

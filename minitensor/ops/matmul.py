@@ -165,9 +165,11 @@ def _remember_fast(a, b, c):
     precision = plans.precision_class(a.dtype.name)
     if batch > _MAX_GRID_Y or plans.split_k(precision, batch, m, n, k, index) > 1 or c.numel() == 0:
         return
-    copies = precision == "tf32" and any(x is not y for x, y in zip(_k_major(a3, b3), (a3, b3)))
-    if copies:  # the strides of the K-contiguous copies each call makes
-        a3, b3 = _k_major(a3, b3)
+    copies = False
+    if precision == "tf32":  # the strides of the K-contiguous copies each call makes, if it makes any
+        major = _k_major(a3, b3)
+        copies = major[0] is not a3 or major[1] is not b3
+        a3, b3 = major
     strides = a3._stride + b3._stride + c3._stride + (0, 0, 0)
     plan = _plan(a3, b3, c3, None, False, precision, (0, 0, 0, 0), strides)  # run() checks a's and b's alignment
     launch, scratch_bytes = plan.run, plan.scratch_bytes
