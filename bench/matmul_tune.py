@@ -1,10 +1,11 @@
 """Measure candidate tile configurations of minitensor's matrix product on the GPU and print, per (precision
 class, size class), the fastest: the table `_CONFIGS` in kernels/matmul_plans.py is copied from this output.
 
-`python -m bench.matmul_tune [--quick]`. Each candidate is (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps,
-num_stages) for the classic kernel, with SUBTILE for the persistent TMA kernel (`_TMA_CONFIGS`), timed with CUDA
-events (bench.matmul.warmed_device_seconds) on a representative shape of its size class; a candidate that fails
-to compile or launch (too much shared memory) is skipped.
+`python -m bench.matmul_tune [--quick] [--only PRECISION]`. Each candidate is (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+num_warps, num_stages) for the classic kernel and for float32 IEEE products also for matmul_fma.py's Gluon kernel
+(`_FMA_CONFIGS`, num_stages being its STAGES), with SUBTILE for the persistent TMA kernel (`_TMA_CONFIGS`), timed
+with CUDA events (bench.matmul.warmed_device_seconds) on a representative shape of its size class, each kernel
+alone; a candidate that fails to compile or launch (too much shared memory) is skipped.
 """
 import argparse
 
@@ -41,6 +42,15 @@ TMA_CANDIDATES = {
              (128, 64, 32, 8, 4, 3, 1), (128, 128, 16, 8, 8, 4, 1), (64, 128, 16, 8, 4, 4, 1)],
 }
 
+# matmul_fma.py's Gluon kernel for float32 in IEEE arithmetic, for matmul_plans._FMA_CONFIGS
+FMA_CANDIDATES = {
+    "ieee": [(256, 128, 32, 8, 8, 3), (256, 128, 32, 8, 8, 4), (256, 128, 16, 8, 8, 4), (128, 256, 32, 8, 8, 3),
+             (128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 2), (128, 128, 32, 8, 8, 3), (128, 64, 64, 8, 8, 3),
+             (64, 64, 64, 8, 4, 3), (64, 64, 32, 8, 4, 3), (64, 64, 64, 8, 4, 4), (64, 64, 32, 8, 4, 4)],
+}
+# each alternative kernel's table in matmul_plans and its candidates: the plans take one listed there first
+ALTERNATIVES = {"TMA": (matmul_plans._TMA_CONFIGS, TMA_CANDIDATES), "FMA": (matmul_plans._FMA_CONFIGS, FMA_CANDIDATES)}
+
 
 def _time_candidates(table, key, candidates, product, flops):
     """[(TFLOP/s, config)] of `product` with each candidate in matmul_plans' `table` at `key`."""
@@ -62,28 +72,31 @@ def tune(precision, size):
     a = mt.randn(m, k, device="cuda").to(DTYPES[precision])
     b = mt.randn(k, n, device="cuda").to(DTYPES[precision])
     key, flops = (precision, size), 2 * m * n * k
-    saved_tma = matmul_plans._TMA_CONFIGS.pop(key, None)  # the classic kernel first, without TMA
-    results = _time_candidates(matmul_plans._CONFIGS, key, CANDIDATES[precision], lambda: a @ b, flops)
-    tma = _time_candidates(matmul_plans._TMA_CONFIGS, key, TMA_CANDIDATES.get(precision, []), lambda: a @ b, flops)
-    matmul_plans._TMA_CONFIGS.pop(key, None)
-    if saved_tma is not None:
-        matmul_plans._TMA_CONFIGS[key] = saved_tma
+    saved = {name: configs.pop(key, None) for name, (configs, _) in ALTERNATIVES.items()}  # the classic kernel first
+    timed = [_time_candidates(matmul_plans._CONFIGS, key, CANDIDATES[precision], lambda: a @ b, flops)]
+    for configs, candidates in ALTERNATIVES.values():  # then each alternative alone
+        timed.append(_time_candidates(configs, key, candidates.get(precision, []), lambda: a @ b, flops))
+        configs.pop(key, None)
+    for name, (configs, _) in ALTERNATIVES.items():
+        if saved[name] is not None:
+            configs[key] = saved[name]
     mt.backends.cuda.matmul.allow_tf32 = False
-    best, best_tma = max(results), max(tma, default=(0.0, None))
-    return (precision, size, f"{m}x{n}x{k}", str(best[1]), f"{best[0]:.1f}", str(best_tma[1]), f"{best_tma[0]:.1f}",
-            " ".join(f"{t:.0f}" for t, _ in results + tma))
+    bests = [max(results, default=(0.0, None)) for results in timed]
+    return (precision, size, f"{m}x{n}x{k}", *(f"{best[1]} {best[0]:.1f}" for best in bests),
+            " ".join(f"{t:.0f}" for results in timed for t, _ in results))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the large size class")
+    parser.add_argument("--only", choices=list(CANDIDATES), help="only this precision class")
     args = parser.parse_args()
     if mt.cuda.backend() != "nvidia":
         raise SystemExit("bench.matmul_tune measures a GPU")
     sizes = ["large"] if args.quick else list(SHAPES)
-    rows = [tune(precision, size) for precision in CANDIDATES for size in sizes]
-    print(table(("precision", "size", "shape", "best config", "TFLOP/s", "best TMA config", "TFLOP/s",
-                 "all candidates' TFLOP/s"), rows))
+    rows = [tune(precision, size) for precision in ([args.only] if args.only else CANDIDATES) for size in sizes]
+    print(table(("precision", "size", "shape", "best config, TFLOP/s", *(f"best {name} config, TFLOP/s"
+                 for name in ALTERNATIVES), "all candidates' TFLOP/s"), rows))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ interpreter internals used here exist unchanged through 3.9).
   one-element tensors, typed as the compiled kernel's signature types them, so index arithmetic overflows
   (or not) exactly as on the GPU, and Triton never inspects (nor imports torch for) a foreign object.
 - `compile_cuda`: `triton.compile` with explicit divisibility attributes, returning the cubin and what
-  minitensor's own launcher needs to call it.
+  minitensor's own launcher needs to call it; a Gluon kernel (matmul_fma.py) compiles from Gluon's own source
+  class (`triton.experimental.gluon`, present with the same names from 3.6 through 3.9); `async_load` is
+  Gluon's cp.async copy, which 3.9 renamed from `async_copy_global_to_shared`.
 - `narrow`: float32 to bfloat16 rounded to nearest even in the interpreter too.
 - `libdevice`: Triton's on the GPU; numpy stand-ins for the few functions used (pow, tanh, rint, hypot, and
   complex_math.py's exp, log1p, sinh, cosh, atan2, copysign), in the interpreter.
@@ -84,6 +86,13 @@ else:
         return x.to(ty)
 
 
+def async_load():
+    """Gluon's builtin that starts a cp.async copy from global to shared memory, under its name in this Triton."""
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+    return getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+
 _TYPES = {"i1": tl.int1, "u8": tl.uint8, "i8": tl.int8, "i16": tl.int16, "i32": tl.int32, "i64": tl.int64,
           "u16": tl.uint16, "u32": tl.uint32, "u64": tl.uint64, "fp16": tl.float16, "bf16": tl.bfloat16,
           "fp32": tl.float32, "fp64": tl.float64}
@@ -140,9 +149,11 @@ def compile_cuda(kernel, signature, constexprs, aligned, capability, num_warps, 
     known to be divisible by 16: without that Triton cannot emit 128-bit loads."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
 
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
-    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    source_class = GluonASTSource if kernel.is_gluon() else ASTSource
+    source = source_class(kernel, signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
     metadata = compiled.metadata

@@ -140,14 +140,14 @@ def _cache_key(kernel, types, constexprs, aligned, options, capability):
 @functools.lru_cache(maxsize=1)
 def _sources():
     """A digest of what the binaries are built from: every module defining kernels (a line starting with
-    `@jit`; kernels call @jit helpers across modules), compat.py, and the Triton installation (its
-    __init__.py carries the version). Host-side modules (plans, this launcher) are left out: changing them
+    `@jit`, or `@gluon.jit`; kernels call @jit helpers across modules), compat.py, and the Triton installation
+    (its __init__.py carries the version). Host-side modules (plans, this launcher) are left out: changing them
     recompiles nothing."""
     digest = hashlib.sha256()
     for path in sorted(glob.glob(os.path.join(_HERE, "*.py"))):
         with open(path, "rb") as f:
             text = f.read()
-        if os.path.basename(path) == "compat.py" or re.search(rb"^@jit", text, re.MULTILINE):
+        if os.path.basename(path) == "compat.py" or re.search(rb"^@(gluon\.)?jit", text, re.MULTILINE):
             digest.update(text)
     with open(importlib.util.find_spec("triton").origin, "rb") as f:
         digest.update(f.read())

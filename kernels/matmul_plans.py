@@ -1,6 +1,7 @@
-"""Launch plans of the matrix product (kernels/matmul.py, and matmul_tma.py's persistent kernel where Hopper's TMA
-can read the operands): the tile configuration per shape and dtype, split-K for tall, skinny products, and the
-float32 precision that mt.backends.cuda.matmul's flags choose.
+"""Launch plans of the matrix product (kernels/matmul.py; matmul_tma.py's persistent kernel where Hopper's TMA
+can read the operands; matmul_fma.py's for large float32 products in IEEE arithmetic on the GPU): the tile
+configuration per shape and dtype, split-K for tall, skinny products, and the float32 precision that
+mt.backends.cuda.matmul's flags choose.
 
 A configuration is (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), from `_CONFIGS` by dtype and
 size class: the table bench/matmul_tune.py measures on the GPU. Split-K is used when the output tiles would leave
@@ -41,6 +42,13 @@ _TMA_CONFIGS = {  # bench/matmul_tune.py on an H100 (2026-11-26): where the best
     ("tf32", "large"): (128, 256, 32, 8, 8, 3, 2),
 }
 _INTERPRETED_TMA = (32, 32, 32, 8, 4, 1, 2), 3
+# matmul_fma.py's Gluon kernel (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, STAGES) for float32 in IEEE arithmetic,
+# where it beat matmul.py's kernel; it needs cp.async (Ampere or later) and the GPU: the interpreter cannot run Gluon
+_FMA_CONFIGS = {  # bench/matmul_tune.py on an H100 (2026-11-26)
+    ("ieee", "large"): (256, 128, 32, 8, 8, 3),
+    ("ieee", "medium"): (128, 64, 64, 8, 8, 3),
+}
+_FMA_CAPABILITY = 80
 _TMA_CAPABILITY = 90  # Hopper's tensor memory accelerator
 _MAX_SPLIT_K = 16
 _SPLIT_K_MIN = 4096  # shorter products are over in microseconds: a workspace, two more launches cost more
@@ -104,6 +112,8 @@ def matmul_plan(in_type, c_type, precision, accumulate_fp16, batch, m, n, k, bia
     if tma_layout and _tma_readable(precision, batch, m, n, k, index64, aligned, unit_strides, device):
         return _tma_plan(in_type, c_type, precision, acc, batch, m, n, k, bias_type, scaled, aligned, unit_strides,
                          device)
+    if _fma_readable(precision, batch, m, n, k, index64, aligned, unit_strides, device):
+        return _fma_plan(c_type, batch, m, n, k, bias_type, scaled, aligned, unit_strides, tma_layout, device)
     block_m, block_n, block_k, group_m, num_warps, num_stages = _config(precision, m, n, k)
     tiles = -(-m // block_m) * -(-n // block_n)
     splits = _split_k(tiles * batch, k, block_k, device)
@@ -170,6 +180,45 @@ def _tma_plan(in_type, c_type, precision, acc, batch, m, n, k, bias_type, scaled
                b_sb, b_sn if b_kmajor else b_sk, c_sb, c_sm, *strides[9:], alpha, beta,
                *((scratch_ptr,) if scratch else ()))
     return MatmulPlan(run, grid * scratch)
+
+
+def _fma_readable(precision, batch, m, n, k, index64, aligned, unit_strides, device):
+    """Whether matmul_fma.py's kernel takes this product: a precision and size class in _FMA_CONFIGS, on a GPU that
+    has cp.async, with 32-bit indices, each operand unit-strided along one matrix dim, and the pointers and the
+    operands' other strides multiples of 16 (its copies move 16-byte pieces)."""
+    if _INTERPRETED or index64 or (precision, _size_class(m, n, k)) not in _FMA_CONFIGS:
+        return False
+    props = active_driver().properties(device)
+    if props.major * 10 + props.minor < _FMA_CAPABILITY:
+        return False
+    a_m1, a_k1, b_k1, b_n1 = unit_strides
+    if not (a_m1 or a_k1) or not (b_k1 or b_n1):
+        return False
+    # parameter indices as in _tma_readable
+    needed = {0, 1, 8 if a_k1 else 9, 12 if b_k1 else 11} | ({7, 10} if batch > 1 else set())
+    return needed <= set(aligned)
+
+
+def _fma_plan(c_type, batch, m, n, k, bias_type, scaled, aligned, unit_strides, tma_layout, device):
+    """matmul_fma.py's plan: one program per output tile, in grouped order, the batch on grid axis 1. A single
+    product's batch strides are passed as 0: any other value would hide from the compiler that its row pointers
+    stay 16-byte aligned, and its copies would move 4 bytes at a time. (`tma_layout` implies C's unit column
+    stride.)"""
+    block_m, block_n, block_k, group_m, num_warps, stages = _FMA_CONFIGS[("ieee", _size_class(m, n, k))]
+    types = ("*fp32", "*fp32", "*" + c_type, "*" + (bias_type or "fp32")) + ("i32",) * 15 + ("fp32", "fp32")
+    even = m % block_m == 0 and n % block_n == 0 and k % block_k == 0
+    constexprs = (block_m, block_n, block_k, group_m, stages, bias_type is not None, scaled, unit_strides[1],
+                  unit_strides[2], tma_layout, even)
+    if batch == 1:
+        aligned = tuple(sorted(set(aligned) | {7, 10, 13, 16}))
+    launch = launcher.get("matmul_fma.matmul_fma", device, types, constexprs, aligned, num_warps, stages)
+    tiles = -(-m // block_m) * -(-n // block_n)
+
+    def run(stream, a_ptr, b_ptr, c_ptr, bias_ptr, strides, alpha, beta, scratch_ptr):
+        if batch == 1:
+            strides = (0,) + strides[1:3] + (0,) + strides[4:6] + (0,) + strides[7:9] + (0,) + strides[10:]
+        launch(tiles, batch, 1, stream, a_ptr, b_ptr, c_ptr, bias_ptr, m, n, k, *strides, alpha, beta)
+    return MatmulPlan(run)
 
 
 def _bias_plan(c_type, bias_type, int_type, scalar, device):

@@ -19,6 +19,22 @@ def device(request):
 
 
 @pytest.fixture
+def flags():
+    """The matmul flags as they were, restored after the test."""
+    m = mt.backends.cuda.matmul
+    saved = (mt.get_float32_matmul_precision(), m.fp32_precision, m.allow_fp16_reduced_precision_reduction,
+             m.allow_fp16_reduced_precision_reduction_split_k, m.allow_bf16_reduced_precision_reduction,
+             m.allow_bf16_reduced_precision_reduction_split_k, m.allow_fp16_accumulation)
+    yield m
+    mt.set_float32_matmul_precision(saved[0])
+    m.fp32_precision = saved[1]
+    m.allow_fp16_reduced_precision_reduction = saved[2:4]
+    m.allow_bf16_reduced_precision_reduction = saved[4:6]
+    m.allow_fp16_accumulation = saved[6]
+    mt.backends.cuda.preferred_blas_library("default")
+
+
+@pytest.fixture
 def clean_cuda_state():
     """Each test starts with an idle device and an empty cache, and ends with the default stream current."""
     gc.collect()

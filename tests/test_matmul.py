@@ -14,22 +14,6 @@ FLOATS = [mt.float16, mt.bfloat16, mt.float32, mt.float64]
 TOLERANCE = {mt.float16: 2e-3, mt.bfloat16: 1e-2, mt.float32: 1e-5, mt.float64: 1e-12}
 
 
-@pytest.fixture
-def flags():
-    """The matmul flags as they were, restored after the test."""
-    m = mt.backends.cuda.matmul
-    saved = (mt.get_float32_matmul_precision(), m.fp32_precision, m.allow_fp16_reduced_precision_reduction,
-             m.allow_fp16_reduced_precision_reduction_split_k, m.allow_bf16_reduced_precision_reduction,
-             m.allow_bf16_reduced_precision_reduction_split_k, m.allow_fp16_accumulation)
-    yield m
-    mt.set_float32_matmul_precision(saved[0])
-    m.fp32_precision = saved[1]
-    m.allow_fp16_reduced_precision_reduction = saved[2:4]
-    m.allow_bf16_reduced_precision_reduction = saved[4:6]
-    m.allow_fp16_accumulation = saved[6]
-    mt.backends.cuda.preferred_blas_library("default")
-
-
 def random(shape, dtype, device, seed):
     values = np.random.default_rng(seed).standard_normal(shape)
     return mt.tensor(values, dtype=dtype, device=device)
@@ -216,17 +200,23 @@ TMA_CASES = [(dtype, layout) for dtype in (mt.float16, mt.bfloat16, mt.float32) 
              if dtype is not mt.float32 or layout[1] == "t"]
 
 
-@pytest.fixture
-def tma_plans(monkeypatch):
-    """The TMA plans built during the test (the plan cache emptied first, so every product plans anew)."""
+def spied_plans(monkeypatch, builder):
+    """A fixture's body: yields the arguments of each call of matmul_plans.`builder` during the test, the plan
+    cache emptied before (so every product plans anew) and after."""
     built = []
-    original = matmul_plans._tma_plan
-    monkeypatch.setattr(matmul_plans, "_tma_plan", lambda *args: built.append(args) or original(*args))
+    original = getattr(matmul_plans, builder)
+    monkeypatch.setattr(matmul_plans, builder, lambda *args: built.append(args) or original(*args))
     matmul_plans.matmul_plan.cache_clear()
     products._fast.clear()
     yield built
     matmul_plans.matmul_plan.cache_clear()
     products._fast.clear()
+
+
+@pytest.fixture
+def tma_plans(monkeypatch):
+    """The TMA plans built during the test."""
+    yield from spied_plans(monkeypatch, "_tma_plan")
 
 
 def _transposed_copy(t):
