@@ -15,6 +15,7 @@ from minitensor.distributed.errors import DistError, DistNetworkError, DistStore
 from minitensor.distributed.file_store import FileStore
 from minitensor.distributed.rendezvous import rendezvous
 from minitensor.distributed.store import PrefixStore, Store
+from minitensor.distributed import tcp_store
 from minitensor.distributed.tcp_store import TCPStore
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -235,6 +236,28 @@ def test_server_closes_with_its_store():
     with pytest.raises(DistNetworkError, match="Connection refused"):  # at once, not after the timeout
         client.set("anything", "")
     assert TCPStore("127.0.0.1", port, is_master=True, timeout=LONG).port == port  # the port is free again
+
+
+def test_a_reply_in_flight_outlives_the_masters_close(monkeypatch):
+    """The master going away just as it answers a set must still send that answer: rank 0 waiting for keys the
+    other ranks set, then ending, must not cut off the last setter's reply (the serving thread here pauses
+    between storing the key and replying, as a descheduled one would)."""
+    stored = threading.Event()
+    original = tcp_store._Table.set
+
+    def set_then_pause(table, key, value):
+        reply = original(table, key, value)
+        stored.set()
+        time.sleep(0.3)
+        return reply
+    monkeypatch.setattr(tcp_store._Table, "set", set_then_pause)
+    masters = [TCPStore("127.0.0.1", 0, is_master=True, timeout=LONG)]
+    client = TCPStore("127.0.0.1", masters[0].port, timeout=LONG)
+    closer = threading.Thread(target=lambda: stored.wait(30) and masters.clear())  # the last reference: it closes
+    closer.start()
+    client.set("done/1", "")
+    closer.join(30)
+    assert not masters
 
 
 def test_one_client_shared_by_threads(master):

@@ -23,6 +23,7 @@ _MAX_PARTS = 1 << 20  # more is not this protocol (e.g. an HTTP client): the con
 _REPLY_GRACE_S = 30.0  # beyond a request's own wait: a live server answers well within it, a vanished one never
 _MAX_RETRY_PAUSE_S = 1.0
 _MIN_ATTEMPT_S = 1.0  # one connection attempt and greeting, even when the timeout is nearly spent
+_CLOSE_GRACE_S = 5.0  # for replies being sent when the server closes: a client that stopped reading gets no more
 
 
 def _send(sock, parts):
@@ -132,6 +133,8 @@ class _Server:
         self.table = _Table()
         self._connections = set()
         self._lock = threading.Lock()
+        self._answering = 0  # requests being handled and replied to, which close() lets finish
+        self._all_answered = threading.Condition(self._lock)
         threading.Thread(target=self._accept, name=f"TCPStore server :{self.port}", daemon=True).start()
 
     def _accept(self):
@@ -158,13 +161,23 @@ class _Server:
             if self._greet(_recv(connection)):
                 _send(connection, [b"ok"])
                 while True:
-                    _send(connection, self.table.handle(_recv(connection)))
+                    self._answer(connection, _recv(connection))
         except (OSError, LookupError, TypeError, ValueError):
             pass
         finally:
             with self._lock:
                 self._connections.discard(connection)
             connection.close()
+
+    def _answer(self, connection, request):
+        with self._lock:
+            self._answering += 1
+        try:
+            _send(connection, self.table.handle(request))
+        finally:
+            with self._lock:
+                self._answering -= 1
+                self._all_answered.notify_all()
 
     def _greet(self, hello):
         """Whether `hello` is a TCPStore client's; one that joins counts towards `wait_for_workers`."""
@@ -184,11 +197,14 @@ class _Server:
                                      f"{table.joined}/{world_size} clients joined.")
 
     def close(self):
-        """Stops accepting, wakes the blocked waits and ends every connection, so the port is free again."""
+        """Stops accepting, wakes the blocked waits, lets the replies being sent finish (a rank that ends once the
+        others' keys are set must not cut off the reply to the last set) and ends every connection, so the port is
+        free again."""
         with self.table.changed:
             self.table.closed = True
             self.table.changed.notify_all()
         with self._lock:
+            self._all_answered.wait_for(lambda: self._answering == 0, _CLOSE_GRACE_S)
             sockets = [self._listener, *self._connections]
         for sock in sockets:
             try:
