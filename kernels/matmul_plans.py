@@ -184,12 +184,15 @@ def _tma_plan(in_type, c_type, precision, acc, batch, m, n, k, bias_type, scaled
 
 def _fma_readable(precision, batch, m, n, k, index64, aligned, unit_strides, device):
     """Whether matmul_fma.py's kernel takes this product: a precision and size class in _FMA_CONFIGS, on a GPU that
-    has cp.async, with 32-bit indices, each operand unit-strided along one matrix dim, and the pointers and the
-    operands' other strides multiples of 16 (its copies move 16-byte pieces)."""
-    if _INTERPRETED or index64 or (precision, _size_class(m, n, k)) not in _FMA_CONFIGS:
+    has cp.async and shared memory for the configuration's stages (an A100's or an H100's; not a GeForce's), with
+    32-bit indices, each operand unit-strided along one matrix dim, and the pointers and the operands' other
+    strides multiples of 16 (its copies move 16-byte pieces)."""
+    config = _FMA_CONFIGS.get((precision, _size_class(m, n, k)))
+    if _INTERPRETED or index64 or config is None:
         return False
     props = active_driver().properties(device)
-    if props.major * 10 + props.minor < _FMA_CAPABILITY:
+    capability = props.major * 10 + props.minor
+    if capability < _FMA_CAPABILITY or props.shared_memory_per_block_optin < fma_shared_bytes(config):
         return False
     a_m1, a_k1, b_k1, b_n1 = unit_strides
     if not (a_m1 or a_k1) or not (b_k1 or b_n1):
@@ -197,6 +200,12 @@ def _fma_readable(precision, batch, m, n, k, index64, aligned, unit_strides, dev
     # parameter indices as in _tma_readable
     needed = {0, 1, 8 if a_k1 else 9, 12 if b_k1 else 11} | ({7, 10} if batch > 1 else set())
     return needed <= set(aligned)
+
+
+def fma_shared_bytes(config):
+    """The shared memory matmul_fma.py's kernel takes with this configuration: STAGES float32 tiles of A and B."""
+    block_m, block_n, block_k, _, _, stages = config
+    return stages * (block_m + block_n) * block_k * 4
 
 
 def _fma_plan(c_type, batch, m, n, k, bias_type, scaled, aligned, unit_strides, tma_layout, device):

@@ -3,8 +3,10 @@
 The simulator's interpreter cannot run Gluon, so there the products themselves are covered by test_matmul.py's
 kernel; here the kernel is compiled for Hopper with every admitted Triton (it needs no GPU) and its machine code
 checked for what its speed rests on, and on a GPU its products are checked against numpy."""
+import dataclasses
 import re
 import subprocess
+import types
 
 import pytest
 import triton.knobs
@@ -32,7 +34,7 @@ def _sass(tmp_path, layout, even, bias=False, config=CONFIG):
                   even)
     signature, values = launcher._signature(matmul_fma.matmul_fma, TYPES, constexprs)
     compiled = compat.compile_cuda(matmul_fma.matmul_fma, signature, values, tuple(range(19)), 90, num_warps, stages)
-    assert compiled["shared"] >= stages * (block_m + block_n) * block_k * 4
+    assert compiled["shared"] == matmul_plans.fma_shared_bytes(config)  # what _fma_readable asks of the device
     cubin = tmp_path / "matmul_fma.cubin"
     cubin.write_bytes(compiled["cubin"])
     return subprocess.run([triton.knobs.nvidia.cuobjdump.path, "-sass", str(cubin)], capture_output=True, text=True,
@@ -125,6 +127,20 @@ def test_unaligned_strides_take_the_classic_kernel(flags, fma_plans):
     m, k, n = SHAPE
     a = random((m, k + 1), mt.float32, "cuda", 65)[:, :k]
     b = random((k, n), mt.float32, "cuda", 66)
+    check(a @ b, a, b, mt.float32)
+    assert not fma_plans
+
+
+@on_gpu
+def test_a_gpu_with_less_shared_memory_takes_the_classic_kernel(flags, fma_plans, monkeypatch):
+    """A GeForce offers a block 99 KiB of shared memory, less than the configuration's stages take."""
+    flags.allow_tf32 = False
+    driver = matmul_plans.active_driver()
+    small = dataclasses.replace(driver.properties(0), shared_memory_per_block_optin=99 * 1024)
+    assert small.shared_memory_per_block_optin < matmul_plans.fma_shared_bytes(CONFIG)
+    monkeypatch.setattr(matmul_plans, "active_driver", lambda: types.SimpleNamespace(properties=lambda device: small))
+    m, k, n = SHAPE
+    a, b = random((m, k), mt.float32, "cuda", 69), random((k, n), mt.float32, "cuda", 70)
     check(a @ b, a, b, mt.float32)
     assert not fma_plans
 

@@ -152,6 +152,7 @@ def test_device_name_capability_properties():
     assert (p.major, p.minor) == cap
     assert isinstance(p.total_memory, int) and p.total_memory > 0
     assert isinstance(p.multi_processor_count, int) and p.multi_processor_count > 0
+    assert isinstance(p.shared_memory_per_block_optin, int) and p.shared_memory_per_block_optin >= 48 * 1024
     if mt.cuda.backend() == "sim" and os.environ.get("MINITENSOR_SIM_MEMORY"):
         assert p.total_memory == int(os.environ["MINITENSOR_SIM_MEMORY"])
 

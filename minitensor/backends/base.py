@@ -23,6 +23,7 @@ class DeviceProperties:
     major: int
     minor: int
     uuid: uuid.UUID
+    shared_memory_per_block_optin: int  # the most shared memory one block may ask for, in bytes
 
     def __repr__(self):
         return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "

@@ -153,7 +153,9 @@ class NvidiaDriver(Driver):
                     attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)),
                 major=_check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)),
                 minor=_check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)),
-                uuid=uuid.UUID(bytes=bytes(_check(cu.cuDeviceGetUuid(dev)).bytes)))
+                uuid=uuid.UUID(bytes=bytes(_check(cu.cuDeviceGetUuid(dev)).bytes)),
+                shared_memory_per_block_optin=_check(cu.cuDeviceGetAttribute(
+                    attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev)))
             self._properties[device] = props
         return props
 

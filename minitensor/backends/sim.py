@@ -215,9 +215,9 @@ class SimDriver(SimGraphs, SimVmm, Driver):
         return self._count
 
     def properties(self, device):
-        digest = hashlib.md5(f"minitensor-sim-{device}".encode()).digest()
         return DeviceProperties(name="minitensor simulated device", total_memory=self._capacity,
-                                multi_processor_count=1, major=9, minor=0, uuid=uuid.UUID(bytes=digest))
+                                multi_processor_count=1, major=9, minor=0, shared_memory_per_block_optin=227 * 1024,
+                                uuid=uuid.UUID(bytes=hashlib.md5(f"minitensor-sim-{device}".encode()).digest()))
 
     def mem_get_info(self, device):
         arena = self._arenas[device]
