@@ -66,6 +66,20 @@ def test_a_size_that_is_no_int_raises_type_error(device, size, kind):
         mt.ones(1, device=device).expand(*size)
 
 
+def test_a_float_size_is_refused_after_an_equal_int_size(device):
+    """3.0 == 3 and (2, 3.0) == (2, 3) as dict keys: what a factory keeps for a valid size must not let them in,
+    nor pin_memory=1 after pin_memory=True."""
+    for factory in (mt.empty, mt.zeros, mt.ones, mt.rand, mt.randn):
+        factory(3, device=device), factory((2, 3), device=device)
+        for size, pos in (((3.0,), 0), (((2, 3.0),), 1)):
+            with pytest.raises(TypeError, match=f"^size must be tuple of ints, but found element of type float at "
+                                                f"pos {pos}$"):
+                factory(*size, device=device)
+    mt.empty(2, pin_memory=False)
+    with pytest.raises(TypeError, match="^argument 'pin_memory' must be bool, not int$"):
+        mt.empty(2, pin_memory=0)
+
+
 def test_sizes_take_numpy_ints_and_int_tensors(device):
     assert mt.zeros(np.int64(2), mt.tensor(3), device=device).shape == (2, 3)
     assert mt.ones(6, device=device).view(np.int32(2), -1).shape == (2, 3)

@@ -681,6 +681,7 @@ def test_capturing_stream_cannot_wait_for_work_before_the_capture():
     s = other_stream()
     early = other_stream(s)
     before = mt.cuda.Event()
+    early.wait_stream(mt.cuda.current_stream())  # x's copy
     with mt.cuda.stream(early):
         pre = x + 1
         before.record()
@@ -694,6 +695,7 @@ def test_capturing_stream_cannot_wait_for_work_before_the_capture():
         z = y - 1
     g.replay()
     close(values(z), xd * 2 - 1)
+    mt.cuda.current_stream().wait_stream(early)  # pre's kernel ran on `early`: read it after that stream's work
     close(values(pre), xd + 1)
     eager_check_on(s)
     eager_check_on(early)

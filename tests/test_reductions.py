@@ -245,6 +245,22 @@ def test_keepdim_must_be_a_bool(device, op):
     assert (r.values if op in ("max", "min") else r).shape == (1,)
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_checks_hold_after_an_equal_valid_call(device, op):
+    """True == 1 == 1.0 as dict keys: a run kept for a valid call must not let an invalid equal one through."""
+    t = make(np.ones((2, 3)), "float32", device)
+    getattr(t, op)(1, keepdim=True), getattr(t, op)(0, keepdim=False)
+    for bad in (1, 0.0):
+        with pytest.raises(TypeError, match="argument 'keepdim' must be bool"):
+            getattr(t, op)(1, keepdim=bad)
+    with pytest.raises(TypeError, match="argument 'dim' must be int"):
+        getattr(t, op)(1.0)
+    if op not in ("max", "min"):
+        getattr(t, op)((0, 1))
+        with pytest.raises(TypeError, match="argument 'dim' must be int or tuple of ints, not float"):
+            getattr(t, op)((0, 1.0))
+
+
 def test_all_any_types(device):
     u = make(np.array([3, 0, 7], np.uint8), "uint8", device)
     assert u.all().dtype == mt.uint8 and u.all().item() == 0 and u.any().item() == 1

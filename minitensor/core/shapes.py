@@ -46,6 +46,13 @@ def shape_arg(size):
         return int_tuple(size, "size")  # raises, naming the element
 
 
+def size_key(size):
+    """A memo key for a factory's `*size`: the arguments and their elements' types, so that 3, 3.0 and True, equal
+    as dict keys, stay apart (a float size is refused)."""
+    inner = size[0] if len(size) == 1 and isinstance(size[0], tuple) else size
+    return size, tuple(map(type, inner))
+
+
 def new_shape(size):
     """The shape of a new tensor, from f(2, 3), f((2, 3)) or f([2, 3]): ints >= 0 whose product fits int64."""
     shape = shape_arg(size)

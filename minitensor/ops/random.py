@@ -32,7 +32,7 @@ from ..core.alloc import empty
 from ..core.fields import allocate
 from ..core.host_arrays import numpy_values, numpy_view, to_storage_values
 from ..core.layout import device_key, layout_number, layout_of
-from ..core.shapes import OVERLAP, contiguous_strides, is_contiguous, new_shape, overlaps_itself
+from ..core.shapes import OVERLAP, contiguous_strides, is_contiguous, new_shape, overlaps_itself, size_key
 from ..cuda import capturing, graphs, memory
 from ..cuda.devices import as_device, current_device
 from ..cuda.random import DEFAULT_SEED, check_seed, generator as cuda_generator, manual_seed_all
@@ -189,9 +189,9 @@ def new(op, size, dtype, device, a, b):
     dtype, device and the op's closure worked out once per call signature."""
     if (type(device) is str and device == "cuda") or (type(device) is Device and device.type == "cuda"
                                                        and device.index is None):
-        key = (op, size, dtype, device, current_device())  # the current device is part of what "cuda" means
+        key = (op, size_key(size), dtype, device, current_device())  # the current device is part of "cuda"
     else:
-        key = (op, size, dtype, device)
+        key = (op, size_key(size), dtype, device)
     try:
         make = _factories.get(key)
     except TypeError:  # a list size: unhashable, no memo

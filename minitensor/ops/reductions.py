@@ -47,7 +47,7 @@ class return_types:
 # ---------------------------------------------------------------------------------------------- public API
 def sum(input, dim=None, keepdim=False, *, dtype=None):
     try:  # the fast path: this signature was checked before (a miss, a list dim or a non-tensor: the slow path)
-        run = _runs[("sum", dim, keepdim, dtype, input._layout or layout_of(input))]
+        run = _runs[_signature("sum", input, dim, keepdim, dtype)]
     except (KeyError, TypeError, AttributeError):
         return _reduce("sum", input, dim, keepdim, dtype)
     return run(input)
@@ -82,11 +82,18 @@ def min(input, dim=None, keepdim=False):
 _runs = {}  # signature -> run(x), checked once
 
 
+def _signature(name, x, dim, keepdim, dtype):
+    """What a checked run is kept under: the arguments and their types, since True, 1 and 1.0 (and tuples of them)
+    are equal keys to a dict but not the same argument to torch, which refuses a float dim or an int keepdim."""
+    dim_types = tuple(map(type, dim)) if type(dim) is tuple else type(dim)
+    return name, dim, dim_types, keepdim, type(keepdim), dtype, x._layout or layout_of(x)
+
+
 def _reduce(name, x, dim, keepdim, dtype):
     if type(dim) is list:
         dim = tuple(dim)
     try:
-        key = (name, dim, keepdim, dtype, x._layout or layout_of(x))
+        key = _signature(name, x, dim, keepdim, dtype)
         run = _runs.get(key)
     except (AttributeError, TypeError):  # not a tensor, or an unhashable dim: the checks say which
         key, run = None, None
