@@ -104,10 +104,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
         return None
     _tensor(output_tensor, pg, "output_tensor")
     _tensor(input_tensor, pg, "input_tensor")
-    if output_tensor.dtype != input_tensor.dtype:
-        raise TypeError("output tensor must have the same type as input tensor")
-    if output_tensor.numel() != input_tensor.numel() * pg.size():
-        raise ValueError("output tensor size must be equal to world_size times input tensor size")
+    _world_sized(output_tensor, input_tensor, pg, "output tensor must have the same type as input tensor",
+                 "output tensor size must be equal to world_size times input tensor size")
     return pg._engine.all_gather(output_tensor, input_tensor, async_op)
 
 
@@ -136,10 +134,8 @@ def reduce_scatter_tensor(output, input, op=RedOpType.SUM, group=None, async_op=
         return None
     _tensor(output, pg, "output")
     _tensor(input, pg, "input")
-    if input.dtype != output.dtype:
-        raise TypeError("input tensor must be the same type as the output tensor.")
-    if input.numel() != output.numel() * pg.size():
-        raise ValueError("input tensor must be the same size as output size times world size")
+    _world_sized(input, output, pg, "input tensor must be the same type as the output tensor.",
+                 "input tensor must be the same size as output size times world size")
     return pg._engine.reduce_scatter(output, input, _reduction(op, input.dtype, "reduce_scatter_tensor"), async_op)
 
 
@@ -157,6 +153,15 @@ def reduce_scatter(output, input_list, op=RedOpType.SUM, group=None, async_op=Fa
     for i, part in enumerate(input_list):
         joined[i * n:(i + 1) * n].copy_(part.reshape(-1))
     return pg._engine.reduce_scatter(output, joined, op, async_op)
+
+
+def _world_sized(whole, part, pg, type_message, size_message):
+    """`whole` holds world_size times `part`'s elements, of its dtype, else torch's errors (whose wording differs
+    per collective)."""
+    if whole.dtype != part.dtype:
+        raise TypeError(type_message)
+    if whole.numel() != part.numel() * pg.size():
+        raise ValueError(size_message)
 
 
 def _same_tensors(tensors, like, pg, name, role):
@@ -207,8 +212,7 @@ def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
 
 def recv(tensor, src=None, group=None, tag=0, group_src=None):
     """Receives `tensor` from rank `src`; returns `src` (a world rank)."""
-    pg = _recv(tensor, src, group, tag, group_src, False)
-    return None if pg is None else pg._ranks[_group_rank(pg, src, group_src, "recv", "source")]
+    return _recv(tensor, src, group, tag, group_src, False)
 
 
 def irecv(tensor, src=None, group=None, tag=0, group_src=None):
@@ -229,7 +233,7 @@ def _send(tensor, dst, group, tag, group_dst, async_op):
 
 
 def _recv(tensor, src, group, tag, group_src, async_op):
-    """The Work of an irecv; for recv the group (None outside it)."""
+    """The Work of an irecv; for recv the source's world rank (None outside the group)."""
     pg = resolve(group, "recv")
     if pg is None:
         return None
@@ -243,7 +247,7 @@ def _recv(tensor, src, group, tag, group_src, async_op):
         raise ValueError("Invalid source rank: source rank should not be the same as the rank of the current "
                          "process.")
     work = pg._engine.recv(tensor, peer, tag, async_op)
-    return work if async_op else pg
+    return work if async_op else pg._ranks[peer]
 
 
 def _tag(tag):
