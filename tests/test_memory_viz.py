@@ -1,14 +1,18 @@
-"""The offline memory viewer (minitensor.memory_viz): its numbers in Python, its CLI, and its page in a real
-headless Chromium through Selenium.
+"""The offline memory viewer (minitensor.memory_viz): its numbers in Python, its CLI, what it refuses, and its page
+in a real headless Chromium through Selenium.
 
-Snapshots come from FakeAllocator below, a tiny caching allocator that writes torch's snapshot format (blocks
-tiling segments in address order, pending frees, pools, streams, frames) and keeps the truth at every state, so
-the viewer is checked against numbers it did not compute. Its recording starts after a warm-up, so some
-allocations predate the trace (freed in it, or still in the snapshot's segments), as in real recordings.
+Snapshots come from fake_snapshots.FakeAllocator, a tiny caching allocator that writes torch's snapshot format and
+keeps the truth at every state, so the viewer is checked against numbers it did not compute.
 """
+import base64
+import hashlib
+import html
+import json
 import os
 import pickle
 import random
+import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -19,149 +23,11 @@ from pathlib import Path
 
 import pytest
 
+import memory_viz_fuzz
+from fake_snapshots import make
 from minitensor import memory_viz
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-FILES = [("/work/model/train.py", "step"), ("/work/model/layers.py", "linear"), ("/work/model/attention.py", "qkv"),
-         ("/work/data/loader.py", "batch")]
-
-
-class FakeAllocator:
-    """Segments of 2 MiB for requests up to 1 MiB, else rounded up to 2 MiB; first fit, split, merge on free."""
-
-    def __init__(self, seed, streams=(0,), pools=((0, 0),), device=0):
-        self.rng, self.streams, self.pools, self.device = random.Random(seed), streams, pools, device
-        self.segments = []  # {"address", "total_size", "stream", "pool", "small", "blocks": [[addr, size, state]]}
-        self.frames = {}  # addr -> frames of the active block there
-        self.pending = []
-        self.next_addr = 0x7F0000000000 + device * 0x1000000000
-        self.clock = 1_000_000
-        self.trace = None  # a list once recording
-        self.truth = []  # per state: (allocated, reserved, live segments, live blocks)
-        self.shapes = []  # (size, frames or None, entry index of the alloc or None): every allocation of the trace
-
-    # ---- recording
-    def stack(self):
-        return [{"filename": f, "line": self.rng.randrange(10, 400), "name": n}
-                for f, n in self.rng.sample(FILES, self.rng.randrange(1, 4))]
-
-    def state(self):
-        blocks = [b for s in self.segments for b in s["blocks"] if b[2] != "inactive"]
-        return (sum(b[1] for b in blocks), sum(s["total_size"] for s in self.segments), len(self.segments),
-                len(blocks))
-
-    def emit(self, action, addr, size, stream, pool, frames=()):
-        self.clock += self.rng.randrange(1, 50)
-        if self.trace is not None:
-            self.trace.append({"action": action, "addr": addr, "size": size, "stream": stream, "pool_id": pool,
-                               "time_us": self.clock, "frames": list(frames)})
-            self.truth.append(self.state())
-
-    def start_recording(self):
-        self.trace, self.truth = [], [self.state()]
-        self.shapes = [(b[1], None, None) for s in self.segments for b in s["blocks"] if b[2] != "inactive"]
-
-    # ---- the allocator
-    def alloc(self, size, stream=0, pool=(0, 0), frames=None):
-        size = -(-size // 512) * 512
-        small = size <= 1 << 20
-        frames = frames or self.stack()
-        for seg in self.segments:
-            if (seg["stream"], seg["pool"], seg["small"]) != (stream, pool, small):
-                continue
-            for j, block in enumerate(seg["blocks"]):
-                if block[2] == "inactive" and block[1] >= size:
-                    if block[1] > size:
-                        seg["blocks"].insert(j + 1, [block[0] + size, block[1] - size, "inactive"])
-                    block[1], block[2] = size, "active_allocated"
-                    return self._allocated(block[0], size, stream, pool, frames)
-        total = 2 << 20 if small else -(-size // (2 << 20)) * (2 << 20)
-        addr, self.next_addr = self.next_addr, self.next_addr + total + (2 << 20)
-        self.segments.append({"address": addr, "total_size": total, "stream": stream, "pool": pool, "small": small,
-                              "blocks": [[addr, total, "inactive"]]})
-        self.emit("segment_alloc", addr, total, stream, pool)
-        return self.alloc(size, stream, pool, frames)
-
-    def _allocated(self, addr, size, stream, pool, frames):
-        self.frames[addr] = frames
-        self.emit("alloc", addr, size, stream, pool, frames)
-        if self.trace is not None:
-            self.shapes.append((size, frames, len(self.trace) - 1))
-        return addr
-
-    def _find(self, addr):
-        for seg in self.segments:
-            if seg["address"] <= addr < seg["address"] + seg["total_size"]:
-                return seg, next(j for j, b in enumerate(seg["blocks"]) if b[0] == addr)
-        raise KeyError(addr)
-
-    def free(self, addr, pending=False):
-        seg, j = self._find(addr)
-        block = seg["blocks"][j]
-        self.emit("free_requested", addr, block[1], seg["stream"], seg["pool"], self.stack())
-        block[2] = "active_pending_free"
-        if pending:
-            self.pending.append(addr)
-        else:
-            self.complete(addr)
-
-    def complete(self, addr):
-        seg, j = self._find(addr)
-        blocks = seg["blocks"]
-        blocks[j][2] = "inactive"
-        del self.frames[addr]
-        self.emit("free_completed", addr, blocks[j][1], seg["stream"], seg["pool"])
-        if j + 1 < len(blocks) and blocks[j + 1][2] == "inactive":
-            blocks[j][1] += blocks.pop(j + 1)[1]
-        if j > 0 and blocks[j - 1][2] == "inactive":
-            blocks[j - 1][1] += blocks.pop(j)[1]
-
-    def empty_cache(self):
-        for seg in [s for s in self.segments if len(s["blocks"]) == 1 and s["blocks"][0][2] == "inactive"]:
-            self.segments.remove(seg)
-            self.emit("segment_free", seg["address"], seg["total_size"], seg["stream"], seg["pool"])
-
-    def live(self):
-        return [b[0] for s in self.segments for b in s["blocks"] if b[2] == "active_allocated"]
-
-    def run(self, entries, keep_live=40):
-        """Random work until the trace has at least `entries` entries (or `entries` operations unrecorded)."""
-        done = 0
-        while (len(self.trace) if self.trace is not None else done) < entries:
-            done += 1
-            live, r = self.live(), self.rng.random()
-            if self.pending and r < 0.08:
-                self.complete(self.pending.pop(self.rng.randrange(len(self.pending))))
-            elif r < 0.1:
-                self.empty_cache()
-            elif not live or (len(live) < keep_live and r < 0.6) or r < 0.45:
-                size = self.rng.randrange(1, 2048) * 512 if self.rng.random() < 0.75 else \
-                    self.rng.randrange(1 << 20, 24 << 20)
-                self.alloc(size, self.rng.choice(self.streams), self.rng.choice(self.pools))
-            else:
-                self.free(self.rng.choice(live), pending=self.rng.random() < 0.15)
-
-    def snapshot(self):
-        segments = [{
-            "device": self.device, "address": s["address"], "total_size": s["total_size"],
-            "allocated_size": sum(b[1] for b in s["blocks"] if b[2] == "active_allocated"),
-            "active_size": sum(b[1] for b in s["blocks"] if b[2] != "inactive"),
-            "requested_size": sum(b[1] for b in s["blocks"] if b[2] != "inactive"), "stream": s["stream"],
-            "segment_type": "small" if s["small"] else "large", "segment_pool_id": s["pool"], "is_expandable": False,
-            "frames": [],
-            "blocks": [{"address": a, "size": n, "requested_size": n, "state": st,
-                        "frames": self.frames.get(a, []) if st != "inactive" else []} for a, n, st in s["blocks"]],
-        } for s in sorted(self.segments, key=lambda s: s["address"])]
-        return {"segments": segments, "device_traces": [self.trace or []], "allocator_settings": {}}
-
-
-def make(entries, seed=0, warmup=60, **kw):
-    """A FakeAllocator warmed up unrecorded, then recorded for `entries` trace entries."""
-    fake = FakeAllocator(seed, **kw)
-    fake.run(warmup, keep_live=12)
-    fake.start_recording()
-    fake.run(entries)
-    return fake
 
 
 def expected(fake):
@@ -204,6 +70,18 @@ def test_summary_of_segments_only_and_of_empty():
     assert memory_viz.summarize({"segments": [], "device_traces": []})["cuda:0"]["peak_allocated"] == 0
 
 
+def test_a_snapshot_block_counts_its_requested_size():
+    """A block the trace never saw allocated is shown with the bytes asked for, as the trace's entries carry
+    them; its rounded size still places the next block."""
+    blocks = [{"address": 0x1000, "size": 4096, "requested_size": 4000, "state": "active_allocated"},
+              {"size": 512, "requested_size": 40, "state": "active_allocated"}]
+    segs = [{"device": 0, "address": 0x1000, "total_size": 2 << 20, "stream": 0, "segment_type": "small",
+             "segment_pool_id": (0, 0), "allocated_size": 4608, "active_size": 4608, "requested_size": 4040,
+             "blocks": blocks}]
+    got = memory_viz.summarize({"segments": segs, "device_traces": [[]]})["cuda:0"]
+    assert got["peak_allocated"] == got["end_allocated"] == 4040
+
+
 def test_trace_edge_cases():
     """A free the trace lost (an alloc at a live address ends the old one), torch's merged "free", a free of an
     allocation older than the trace, an out-of-memory entry, and an entry of an action nobody knows."""
@@ -244,7 +122,7 @@ def test_cli_writes_the_page(small, tmp_path):
     (b"\x00garbage, not a pickle\xff", "not a memory snapshot pickle"),
     (pickle.dumps({"weights": [1, 2]}), "not a memory snapshot"),
     (pickle.dumps(random.Random(0)), "a snapshot holds plain Python values only"),
-    (pickle.dumps({"segments": [{"blocks": []}], "device_traces": []}), "malformed entry"),
+    (pickle.dumps({"segments": [{"blocks": []}], "device_traces": []}), "segments[0]['address']: missing"),
 ], ids=["missing", "garbage", "other-pickle", "a-class", "malformed"])
 def test_cli_refuses_what_is_not_a_snapshot(tmp_path, content, says):
     src = tmp_path / "input.pickle"
@@ -256,14 +134,178 @@ def test_cli_refuses_what_is_not_a_snapshot(tmp_path, content, says):
     assert "Traceback" not in run.stderr and not (tmp_path / "o.html").exists()
 
 
+PWN = "</td></tr></table><script>window.__pwned = 1</script><img src=x onerror=window.__pwned=2>"
+
+
+def crafted(where):
+    """A small snapshot with the markup PWN in one string field the page shows (`where`), or in all of them."""
+    snap = make(30, seed=3).snapshot()
+    alloc = next(e for e in snap["device_traces"][0] if e["action"] == "alloc")
+    if where in ("frame", "all"):
+        alloc["frames"] = [{"filename": PWN, "line": 1, "name": PWN}]
+        alloc["size"] = 1 << 40  # the largest: its frame is in the summary's table
+    if where in ("segment type", "all"):
+        snap["segments"][0]["segment_type"] = PWN
+    if where == "stream":  # the field seen unescaped: a number, shown in the table of a block the trace never saw
+        size = 1 << 40
+        snap["segments"].append({"device": 0, "address": 1 << 44, "total_size": size, "stream": PWN, "blocks": [
+            {"address": 1 << 44, "size": size, "state": "active_allocated", "frames": []}]})
+    return snap
+
+
+def script_parts(page):
+    """(the Content-Security-Policy's script-src sources, the text of the page's one executable script)."""
+    policy = re.search(r'http-equiv="Content-Security-Policy"\s+content="([^"]*)"', page).group(1)
+    sources = next(d.split()[1:] for d in policy.split(";") if d.split()[:1] == ["script-src"])
+    scripts = re.findall(r"<script>(.*?)</script>", page, re.S)
+    assert len(scripts) == 1 and page.count("<script") == 2
+    return sources, scripts[0]
+
+
 def test_page_escapes_what_the_snapshot_says(tmp_path):
-    fake = make(30, seed=3)
-    snap = fake.snapshot()
-    evil = "</script><script>alert(1)</script>"
-    next(e for e in snap["device_traces"][0] if e["action"] == "alloc")["frames"] = [
-        {"filename": evil, "line": 1, "name": "<b>x</b>"}]
-    page = Path(memory_viz.write_html(snap, tmp_path / "x.html")).read_text()
-    assert evil not in page and page.count("<script") == 2
+    name = tmp_path / '<img src=x onerror="window.__pwned=3">&@DATA@.pickle'
+    name.write_bytes(pickle.dumps(crafted("all"), protocol=4))
+    page = memory_viz.render(name)
+    assert "<img" not in page and "<b>" not in page and page.count("<script") == 2
+    assert page.lower().count("</script") == 2 and "@DATA@" in page  # the title: shown, not substituted
+    assert html.escape(PWN) in page  # the frame in the largest-allocations table, as text
+    data = page[page.index('id="mtviz-data">') + 16:page.index("</script>")]
+    assert not set("<>&") & set(data) and any(PWN in frame for frame in json.loads(data)["frames"])
+
+
+def test_csp_runs_only_the_pages_own_script(small):
+    sources, script = script_parts(memory_viz.render(small.snapshot()))
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    assert sources == [f"'sha256-{digest}'"], sources  # no 'unsafe-inline', nothing else
+
+
+def test_page_script_writes_text_only():
+    """memory_viz.js puts the snapshot's strings in the page as text (textContent, canvas), never as markup."""
+    source = (Path(memory_viz.__file__).parent / "memory_viz.js").read_text()
+    sinks = re.findall(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|\beval\(|Function\(|srcdoc|"
+                       r"setAttribute\(\s*['\"]on|\.on\w+\s*=", source)
+    assert sinks == [] and "textContent" in source
+
+
+def _nested(depth):
+    out = "deep"
+    for _ in range(depth):
+        out = [out]
+    return out
+
+
+def _set(path, value):
+    def change(snap):
+        *steps, last = path
+        target = snap
+        for step in steps:
+            target = target[step] if not callable(step) else step(target)
+        target[last] = value
+    return change
+
+
+_ALLOC = lambda trace: next(e for e in trace if e["action"] == "alloc")  # noqa: E731
+MALFORMED = [  # (what changes, what the error names)
+    (_set(["segments", 0, "stream"], PWN), "segments[0]['stream']: an int in [-2**63, 2**64 - 1] expected, got"),
+    (_set(["device_traces", 0, _ALLOC, "addr"], "0x7f0000000000"), "['addr']: an int in [0, 2**64 - 1] expected"),
+    (_set(["segments", 0, "blocks", 0, "address"], "0x7f0000000000"), "segments[0]['blocks'][0]['address']"),
+    (_set(["segments", 0, "address"], 2**70), "segments[0]['address']: an int in [0, 2**64 - 1] expected, got an int "
+                                              "of 71 bits"),
+    (_set(["segments", 0, "total_size"], True), "segments[0]['total_size']: an int"),
+    (_set(["device_traces", 0, _ALLOC, "size"], 1.5), "['size']: an int"),
+    (_set(["device_traces", 0, 0, "time_us"], float("nan")), "device_traces[0][0]['time_us']: a number of "
+                                                             "microseconds within int64 expected, got nan"),
+    (_set(["device_traces", 0, _ALLOC, "frames"], [{"filename": _nested(5000), "line": 1, "name": "f"}]),
+     "['frames'][0]['filename']: a string expected, got a list"),
+    (_set(["device_traces", 0, _ALLOC, "frames"], "f.py:1"), "['frames']: a list expected, got 'f.py:1'"),
+    (_set(["device_traces", 0, _ALLOC, "frames"], [["f.py", 1]]), "['frames'][0]: a frame must be a dict"),
+    (_set(["device_traces", 0, _ALLOC, "pool_id"], (_nested(5000), 0)), "['pool_id']: a pool id (a pair of ints)"),
+    (_set(["device_traces", 0, _ALLOC, "pool_id"], "ab"), "['pool_id']: a pool id (a pair of ints) expected, got 'ab'"),
+    (_set(["segments", 0, "segment_type"], ["small"]), "segments[0]['segment_type']: a string expected"),
+    (_set(["segments", 0, "device"], "cuda:1"), "segments[0]['device']: an int in [0, 2**63 - 1] expected"),
+    (_set(["device_traces", 0, 1], "alloc"), "device_traces[0][1]: a trace entry must be a dict, got 'alloc'"),
+    (_set(["device_traces", 0, 1, "action"], 3), "device_traces[0][1]['action']: a string expected, got 3"),
+    (_set(["segments", 0, "blocks"], {"size": 1}), "segments[0]['blocks']: a list expected, got a dict"),
+    (_set(["host_traces"], [[], "x"]), "host_traces: a list of lists of entries expected"),
+    (_set(["host_segments"], 7), "the snapshot['host_segments']: a list expected, got 7"),
+]
+
+
+@pytest.mark.parametrize("change, says", MALFORMED, ids=[says.split(":")[0] for _, says in MALFORMED])
+def test_a_malformed_snapshot_is_one_line_naming_the_field(tmp_path, change, says):
+    """Whatever a field holds that torch does not write there: SnapshotError, one line, naming the field, given as a
+    dict or read from a pickle; never another exception, a page with it, or a crash."""
+    snap = make(30, seed=3).snapshot()
+    change(snap)
+    with pytest.raises(memory_viz.SnapshotError) as caught:
+        memory_viz.render(snap)
+    assert says in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+    try:
+        data = pickle.dumps(snap, protocol=4)
+    except RecursionError:  # Python's pickler cannot write it, the reader refuses it as too deep
+        return
+    (tmp_path / "s.pickle").write_bytes(data)
+    with pytest.raises(memory_viz.SnapshotError) as caught:
+        memory_viz.render(tmp_path / "s.pickle")
+    assert str(caught.value).startswith(str(tmp_path / "s.pickle")) and says in str(caught.value)
+
+
+HOSTILE = [  # (pickle builder, its size, what the one line on stderr says; None: the page is written, and small)
+    (memory_viz_fuzz.deep_pool_id, 200_000, "a tuple nested more than 1000 containers deep"),
+    (memory_viz_fuzz.deep_frames, 5000, "a list nested more than 1000 containers deep"),
+    (memory_viz_fuzz.shared_segments, 50_000, "a segment of 50000 blocks went past it"),
+    (memory_viz_fuzz.shared_host_traces, 50_000, "joining 50000 host traces went past it"),
+    (memory_viz_fuzz.long_file_name, 2000, "the text of a frame went past it"),
+    (memory_viz_fuzz.big_time, 1000, "device_traces[0][0]['time_us']: a number of microseconds"),
+    (memory_viz_fuzz.a_global, 1, "it names os.system, and a snapshot holds plain Python values only"),
+    (memory_viz_fuzz.one_hash, 100, "more than 16 keys with one hash"),
+    (memory_viz_fuzz.shared_entries, 50_000, None),  # each stack is walked once, however often it is used
+    (memory_viz_fuzz.shared_segment_type, 20_000, None),  # and each string stored once
+]
+
+
+def _capped():
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+@pytest.mark.parametrize("build, n, says", HOSTILE, ids=[b.__name__ for b, _, _ in HOSTILE])
+def test_hostile_pickles_are_bounded_by_their_size(tmp_path, build, n, says):
+    """Pickles of a few hundred KB that crashed the viewer (a nested pool id), or asked it for hundreds of GB (one
+    segment, list of frames or string repeated through the memo): refused in one line, or rendered small, within
+    1 GiB of address space."""
+    src, out = tmp_path / "hostile.pickle", tmp_path / "hostile.html"
+    src.write_bytes(build(n))
+    assert src.stat().st_size < 3 << 20
+    run = subprocess.run([sys.executable, "-m", "minitensor.memory_viz", str(src), "-o", str(out)],
+                         capture_output=True, text=True, timeout=120, preexec_fn=_capped)
+    if says is None:
+        assert run.returncode == 0 and out.stat().st_size < 16 << 20, run.stderr
+    else:
+        assert run.returncode == 1 and says in run.stderr and run.stderr.count("\n") == 1, run.stderr
+        assert run.stderr.startswith(f"memory_viz: error: {src}: ") and not out.exists()
+
+
+def test_import_needs_no_runtime():
+    """minitensor.memory_viz adds to `import minitensor` only its own modules, minitensor.base's and the standard
+    library's, and rendering imports nothing more: no Triton, no cuda-bindings, no backend started."""
+    code = textwrap.dedent("""
+        import json, sys
+        import minitensor
+        before = set(sys.modules)
+        import minitensor.memory_viz
+        minitensor.memory_viz.render({"segments": [], "device_traces": []})
+        print(json.dumps(sorted(set(sys.modules) - before)))
+        print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("triton", "cuda", "torch")
+                                or m.startswith(("minitensor.kernels", "minitensor.serialization",
+                                                 "minitensor.backends.sim", "minitensor.backends.nvidia")))))
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    added, runtime = (json.loads(line) for line in run.stdout.splitlines())
+    assert runtime == [], runtime
+    foreign = [m for m in added if not m.startswith(("minitensor.memory_viz", "minitensor.base."))
+               and m.split(".")[0] not in sys.stdlib_module_names]
+    assert foreign == [] and "minitensor.base.pickle_reader" in added, added
 
 
 # ------------------------------------------------------------------------------------ the browser
@@ -422,6 +464,40 @@ def test_hundred_thousand_entries_open_within_3_s(browser, tmp_path):
     assert js("return __mtviz.shapes") == len(fake.shapes)
     assert ready_ms + hover_ms < 3000, f"ready {ready_ms:.0f} ms + hover {hover_ms:.0f} ms"
     assert severe(browser) == []
+
+
+def test_crafted_snapshots_run_no_script_in_chromium(browser, tmp_path):
+    """Markup in each string field the page shows, and in a number field (a segment's stream, seen written as it
+    came): refused, or shown as text; the page's own script runs, and nothing of the snapshot's."""
+    js = browser.execute_script
+    rendered = []
+    for where in ("stream", "frame", "segment type", "all"):
+        snap = crafted(where)
+        try:
+            page = memory_viz.write_html(snap, tmp_path / f"{where.replace(' ', '_')}.html")
+        except memory_viz.SnapshotError as e:
+            assert "['stream']" in str(e)
+            continue
+        open_page(browser, page)
+        assert js("return window.__pwned === undefined"), f"markup in the {where} ran"
+        assert severe(browser) == [], where
+        rendered.append(where)
+    assert rendered == ["frame", "segment type", "all"]
+    assert PWN in js("return document.querySelector('.summary table.largest td.frame').textContent")
+    segment = snap["segments"][0]
+    rect = next(r for r in js("return __mtviz.segmentRects()") if r["addr"] == segment["address"])
+    assert f"{PWN}\n" in js("return __mtviz.hoverSegments(arguments[0], arguments[1])", rect["x"] + 1, rect["y"] + 1)
+
+
+def test_csp_blocks_markup_that_got_in(browser, small, tmp_path):
+    """Were a field ever written unescaped, its script would not run: the policy admits the page's script by its
+    hash and nothing inline besides."""
+    injected = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+    page = memory_viz.render(small.snapshot()).replace("<body>", "<body>" + injected, 1)
+    (tmp_path / "injected.html").write_text(page)
+    open_page(browser, tmp_path / "injected.html")
+    assert browser.execute_script("return window.__pwned === undefined && __mtviz.entries") == len(small.trace)
+    assert any("Content Security Policy" in e["message"] for e in severe(browser))
 
 
 # ------------------------------------------------------------------------------------ minitensor's own recorder

@@ -1,27 +1,25 @@
 """The restricted unpickler that reads a checkpoint's pickle: it builds tensors, storages, containers and
 plain values, and nothing else.
 
-It is an interpreter of pickle opcodes written here rather than `pickle.Unpickler` with a restricted
-`find_class`, because pickle's BUILD opcode sets attributes on any object on its stack (a dtype, a
-tensor's storage): here BUILD works on OrderedDicts only, REDUCE calls only the functions allowlist.py names,
-and every other global is refused with a `pickle.UnpicklingError` naming it. Nothing from the file is ever
-imported or executed. What those functions build, and how they check it, is rebuilds.py's. What the pickle
-builds is bounded by its size (limits.py `Guard`): nesting depth, elements copied or hashed, keys of one hash.
+The opcodes are base/pickle_reader.py's (`PickleReader`, an interpreter written there rather than
+`pickle.Unpickler` with a restricted `find_class`, because pickle's BUILD sets attributes on any object on its
+stack: a dtype, a tensor's storage), bounded by the pickle's size (base/pickle_guard.py `Guard`: nesting depth,
+elements copied or hashed, keys of one hash). This reader says what the rest means: BUILD works on OrderedDicts
+only, REDUCE calls only the functions allowlist.py names, and every other global is refused with a
+`pickle.UnpicklingError` naming it. Nothing from the file is ever imported or executed. What those functions
+build, and how they check it, is rebuilds.py's.
 
 Storages arrive as persistent ids `("storage", storage_type, key, location, numel)`; the caller's
 `load_storage(key, location, dtype, numel)` turns one into an `UntypedStorage` (reading its record and
 placing it per map_location), once per key; a dtype's storage class (torch.FloatStorage) makes a `TypedStorage`
 over it (rebuilds.py).
 """
-import struct
 from collections import OrderedDict
 from pickle import UnpicklingError
 
+from ..base.pickle_reader import PickleReader
 from .allowlist import Global, find
-from .limits import Guard
 from .rebuilds import Rebuilds
-
-_ERRORS = (IndexError, KeyError, TypeError, ValueError, struct.error, OverflowError, RecursionError)
 
 
 def loads(data, load_storage):
@@ -29,288 +27,33 @@ def loads(data, load_storage):
     return Unpickler(data, load_storage).load()
 
 
-class _Stop(Exception):
-    pass
+class Unpickler(PickleReader, Rebuilds):
+    """Reads one checkpoint pickle: `load()` runs its opcodes and returns the object STOP leaves."""
 
-
-class Unpickler(Rebuilds):
-    """Reads one pickle: `load()` runs its opcodes and returns the object STOP leaves."""
+    _MAPPINGS = (dict, OrderedDict)
 
     def __init__(self, data, load_storage):
-        self._data = bytes(data)
-        self._pos = 0
-        self._guard = Guard(len(self._data))
-        self._hold = self._guard.hold  # hold(container, items) -> container: every container built goes through it
+        super().__init__(data)
         self._load_storage = load_storage
-        self._stack = []
-        self._marks = []
-        self._memo = {}
         self._by_key = {}  # storage key -> UntypedStorage, or TypedStorage for a dtype's storage class
         self._dtypes = {}  # id(storage) -> (storage, dtype of its storage class)
-        self._caller_error = None  # an error raised by load_storage: the caller's, passed through as it is
-        self._ops = {
-            0x80: self._proto, 0x95: self._frame, 0x2E: self._stop, 0x63: self._global, 0x93: self._stack_global,
-            0x52: self._reduce, 0x62: self._build, 0x28: self._mark, 0x74: self._tuple, 0x85: self._tuple1,
-            0x86: self._tuple2, 0x87: self._tuple3, 0x29: self._empty_tuple, 0x5D: self._empty_list,
-            0x61: self._append, 0x65: self._appends, 0x7D: self._empty_dict, 0x73: self._setitem,
-            0x75: self._setitems, 0x8F: self._empty_set, 0x90: self._additems, 0x91: self._frozenset_op,
-            0x4E: self._none, 0x88: self._true, 0x89: self._false, 0x4A: self._binint, 0x4B: self._binint1,
-            0x4D: self._binint2, 0x8A: self._long1, 0x8B: self._long4, 0x47: self._binfloat,
-            0x58: self._binunicode, 0x8C: self._short_binunicode, 0x8D: self._binunicode8,
-            0x55: self._short_binstring, 0x42: self._binbytes, 0x43: self._short_binbytes,
-            0x8E: self._binbytes8, 0x96: self._bytearray8, 0x51: self._binpersid, 0x71: self._binput,
-            0x72: self._long_binput, 0x94: self._memoize, 0x68: self._binget, 0x6A: self._long_binget,
-            0x30: self._pop, 0x31: self._pop_mark,
-        }
 
-    def load(self):
-        data, ops = self._data, self._ops
-        start = 0
-        try:
-            while True:
-                start = self._pos
-                if start >= len(data):
-                    raise UnpicklingError("pickle data was truncated: it ends before its STOP opcode")
-                op = ops.get(data[start])
-                self._pos = start + 1
-                if op is None:
-                    raise UnpicklingError(f"unsupported pickle opcode {data[start:start + 1]!r} at byte {start}: "
-                                          "checkpoints use only the opcodes of protocols 2 to 5 that build "
-                                          "containers and plain values")
-                op()
-        except _Stop as stop:
-            return stop.args[0]
-        except _ERRORS as exc:
-            if exc is self._caller_error:
-                raise
-            raise UnpicklingError(f"corrupt pickle at byte {start}: {type(exc).__name__}: {exc}") from exc
+    def _find(self, module, name):
+        return find(module, name, self)
 
-    # ------------------------------------------------------------------------------------------ reading
-    def _read(self, n):
-        end = self._pos + n
-        if n < 0 or end > len(self._data):
-            raise UnpicklingError(f"pickle data was truncated: {n} bytes wanted at byte {self._pos}, "
-                                  f"{len(self._data) - self._pos} left")
-        chunk = self._data[self._pos:end]
-        self._pos = end
-        return chunk
-
-    def _unpack(self, fmt):
-        return struct.unpack(fmt, self._read(struct.calcsize(fmt)))[0]
-
-    def _readline(self):
-        end = self._data.find(b"\n", self._pos, self._pos + 256)
-        if end < 0:
-            raise UnpicklingError(f"GLOBAL at byte {self._pos - 1} has no name (no newline within 256 bytes)")
-        line = self._data[self._pos:end]
-        self._pos = end + 1
-        return line.decode("utf-8")
-
-    def _push(self, value):
-        self._stack.append(value)
-
-    def _pop_mark(self):
-        items = self._stack
-        self._stack = self._marks.pop()
-        return items
-
-    # ------------------------------------------------------------------------------------------ opcodes
-    def _proto(self):
-        self._read(1)
-
-    def _frame(self):
-        self._read(8)
-
-    def _stop(self):
-        raise _Stop(self._stack.pop())
-
-    def _global(self):
-        module = self._readline()
-        self._push(find(module, self._readline(), self))
-
-    def _stack_global(self):
-        name, module = self._stack.pop(), self._stack.pop()
-        if type(name) is not str or type(module) is not str:
-            raise UnpicklingError("STACK_GLOBAL needs two strings")
-        self._push(find(module, name, self))
-
-    def _reduce(self):
-        args = self._stack.pop()
-        func = self._stack[-1]
+    def _call(self, func, args):
         if type(func) is not Global or func.fn is None:
             raise UnpicklingError(f"REDUCE can only call the allowed functions, not {func!r}")
         if type(args) is not tuple:
             raise UnpicklingError(f"REDUCE needs an argument tuple for {func.name}, got {type(args).__name__}")
-        self._stack[-1] = func.fn(*args)
+        return func.fn(*args)
 
-    def _build(self):
-        state = self._stack.pop()
-        inst = self._stack[-1]
+    def _set_state(self, inst, state):
         if type(inst) is not OrderedDict or type(state) is not dict or not all(type(k) is str for k in state):
             raise UnpicklingError(f"BUILD can only set attributes of an OrderedDict from a dict, not of "
                                   f"{type(inst).__name__} from {type(state).__name__}")
         self._guard.copied(inst, state, "BUILD")
         inst.__dict__.update(state)
 
-    def _mark(self):
-        self._marks.append(self._stack)
-        self._stack = []
-
-    def _tuple(self):
-        items = tuple(self._pop_mark())
-        self._push(self._hold(items, items))
-
-    def _tuple1(self):
-        items = (self._stack[-1],)
-        self._stack[-1] = self._hold(items, items)
-
-    def _tuple2(self):
-        self._tuple_n(2)
-
-    def _tuple3(self):
-        self._tuple_n(3)
-
-    def _tuple_n(self, n):
-        if len(self._stack) < n:
-            raise IndexError("stack underflow")
-        items = tuple(self._stack[-n:])
-        del self._stack[-n:]
-        self._push(self._hold(items, items))
-
-    def _empty_tuple(self):
-        self._push(self._new(()))
-
-    def _empty_list(self):
-        self._push(self._new([]))
-
-    def _new(self, container):
-        self._guard.new(container)
-        return container
-
-    def _append(self):
-        value = self._stack.pop()
-        self._hold(self._target(list, "APPEND"), (value,)).append(value)
-
-    def _appends(self):
-        items = self._pop_mark()
-        self._hold(self._target(list, "APPENDS"), items).extend(items)
-
-    def _empty_dict(self):
-        self._push(self._new({}))
-
-    def _setitem(self):
-        value, key = self._stack.pop(), self._stack.pop()
-        self._filled(self._target((dict, OrderedDict), "SETITEM"), [key, value])[key] = value
-
-    def _setitems(self):
-        items = self._pop_mark()
-        if len(items) % 2:
-            raise UnpicklingError("SETITEMS needs key, value pairs")
-        target = self._filled(self._target((dict, OrderedDict), "SETITEMS"), items)
-        for i in range(0, len(items), 2):
-            target[items[i]] = items[i + 1]
-
-    def _filled(self, mapping, items):
-        """`mapping`, about to hold `items` (key, value, key, value, ...): keys hashed and counted, height raised."""
-        self._guard.keys(mapping, items[::2])
-        return self._hold(mapping, items)
-
-    def _empty_set(self):
-        self._push(self._new(set()))
-
-    def _additems(self):
-        items = self._pop_mark()
-        target = self._target(set, "ADDITEMS")
-        self._guard.keys(target, items)
-        self._hold(target, items).update(items)
-
-    def _frozenset_op(self):
-        items = self._pop_mark()
-        self._guard.keys(None, items)
-        self._push(self._hold(frozenset(items), items))
-
-    def _target(self, types, op):
-        target = self._stack[-1]
-        if type(target) not in (types if isinstance(types, tuple) else (types,)):
-            raise UnpicklingError(f"{op} on a {type(target).__name__}")
-        return target
-
-    def _none(self):
-        self._push(None)
-
-    def _true(self):
-        self._push(True)
-
-    def _false(self):
-        self._push(False)
-
-    def _binint(self):
-        self._push(self._unpack("<i"))
-
-    def _binint1(self):
-        self._push(self._read(1)[0])
-
-    def _binint2(self):
-        self._push(self._unpack("<H"))
-
-    def _long1(self):
-        self._long(self._read(self._read(1)[0]))
-
-    def _long4(self):
-        self._long(self._read(self._unpack("<i")))
-
-    def _long(self, data):
-        value = int.from_bytes(data, "little", signed=True)
-        self._guard.big_int(value)
-        self._push(value)
-
-    def _binfloat(self):
-        self._push(self._unpack(">d"))
-
-    def _binunicode(self):
-        self._push(self._read(self._unpack("<I")).decode("utf-8", "surrogatepass"))
-
-    def _short_binunicode(self):
-        self._push(self._read(self._read(1)[0]).decode("utf-8", "surrogatepass"))
-
-    def _binunicode8(self):
-        self._push(self._read(self._unpack("<Q")).decode("utf-8", "surrogatepass"))
-
-    def _short_binstring(self):  # Python 2 str: torch.load decodes it as UTF-8
-        self._push(self._read(self._read(1)[0]).decode("utf-8"))
-
-    def _binbytes(self):
-        self._push(self._read(self._unpack("<I")))
-
-    def _short_binbytes(self):
-        self._push(self._read(self._read(1)[0]))
-
-    def _binbytes8(self):
-        self._push(self._read(self._unpack("<Q")))
-
-    def _bytearray8(self):
-        self._push(bytearray(self._read(self._unpack("<Q"))))
-
-    def _binput(self):
-        self._memo[self._read(1)[0]] = self._stack[-1]
-
-    def _long_binput(self):
-        self._memo[self._unpack("<I")] = self._stack[-1]
-
-    def _memoize(self):
-        self._memo[len(self._memo)] = self._stack[-1]
-
-    def _binget(self):
-        self._push(self._memo[self._read(1)[0]])
-
-    def _long_binget(self):
-        self._push(self._memo[self._unpack("<I")])
-
-    def _pop(self):
-        if self._stack:
-            self._stack.pop()
-        else:
-            self._pop_mark()
-
-    def _binpersid(self):
-        self._push(self._storage(self._stack.pop()))
+    def _persistent(self, pid):
+        return self._storage(pid)

@@ -344,8 +344,8 @@
     const segs = [];
     for (let j = 0; j < S.addr.length; j++) {
       if (S.start[j] <= t && t < S.end[j]) {
-        segs.push({addr: S.addr[j], size: S.size[j], stream: S.stream[j], pool: S.pool[j], type: S.type[j],
-          blocks: [], used: 0});
+        segs.push({addr: S.addr[j], size: S.size[j], stream: S.stream[j], pool: S.pool[j],
+          type: S.type[j] === null ? null : DATA.segment_types[S.type[j]], blocks: [], used: 0});
       }
     }
     const byAddr = segs.slice().sort((p, q) => p.addr - q.addr);
