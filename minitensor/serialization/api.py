@@ -12,6 +12,7 @@ import io
 import mmap as _mmap
 import os
 import sys
+from typing import BinaryIO
 
 import numpy as np
 
@@ -27,13 +28,15 @@ from .unpickler import loads
 from .zipformat import ZipReader, ZipWriter
 
 
-def save(obj, f):
+def save(obj: object, f: str | os.PathLike | BinaryIO) -> None:
     """Save `obj` (tensors, storages, and dicts, OrderedDicts, lists, tuples and sets of them and of plain
     values) to `f`, a path or a binary file object, as torch.save does.
 
-    Views keep sharing their storage; each storage is written once, whole. A path is written through a
-    temporary file in the same folder and renamed at the end, so a failed save leaves no partial file
-    under the name (a file already there is kept until the new one is complete).
+    Views keep sharing their storage; each storage is written once, whole. A path naming a regular file (or
+    none yet) is written through a temporary file in the same folder, renamed at the end, so a failed save
+    leaves no partial file under the name and a file already there is kept until the new one is complete; the
+    new file keeps the old one's mode, owner and extended attributes. A FIFO, device or pipe is written into,
+    as torch.save writes it (base/atomicfile.py).
     """
     data, storages = torch_pickle.dumps(obj)  # before any file is touched: unsupported objects fail here
     if isinstance(f, (str, os.PathLike)):

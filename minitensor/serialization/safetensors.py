@@ -44,8 +44,9 @@ class SafetensorError(RuntimeError):
     reader gives them (HeaderTooLarge, ...)."""
 
 
-def save_safetensors(tensors, path, metadata=None):
-    """Write a dict of name -> tensor to `path` (through a temporary file renamed at the end)."""
+def save_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict | None = None) -> None:
+    """Write a dict of name -> tensor to `path`, as mt.save writes a path (base/atomicfile.py): a regular file
+    through a temporary renamed at the end, keeping the old file's mode and owner; a FIFO or device in place."""
     if not isinstance(tensors, dict):
         raise TypeError(f"save_safetensors expects a dict of str -> Tensor, got {type(tensors).__name__}")
     for name, t in tensors.items():
