@@ -4,12 +4,17 @@ cache, torch inductor's CUDACodeCache and AsyncCompile).
 An entry lives in <cache folder>/cuda/<key[:2]>/ (the folder of base/diskcache.py, $MINITENSOR_CACHE_DIR):
 - `<key>.cu`: the source; nvcc compiles this file, so its messages and CompileError name it.
 - `<key>.<kind>`: the artifact as the compiler wrote it, for cuobjdump, ctypes.CDLL or cuModuleLoad.
-- `<key>.<kind>.json`: the artifact's sha256 and lowered names, written last. The entry counts only once this
-  exists and the artifact matches it, so a torn or truncated artifact is found, removed and built again.
+- `<key>.<kind>.json`: the artifact's key, kind, size, sha256 and lowered names, written last. The entry counts
+  only once this exists and the artifact matches it, so a torn, truncated or swapped artifact is found, removed
+  and built again. `compile_checked` checks it again just before the artifact is loaded, from the bytes it
+  returns (or before the path is dlopen'd): a file damaged since this process compiled it is built again rather
+  than mapped (dlopen of a truncated library kills the process with SIGBUS).
 - `<key>.<kind>.lock`: flock'd around a miss, so processes that miss together compile once.
-Every file is written to a temporary beside it and renamed into place. The key hashes the source, the
-options as given, the arch, the compiler's version and the name expressions, but not the kind: "o" and "so" of
-one source share the key and the .cu, as in torch.
+Every file is written to a temporary beside it, fsync'd and renamed into place. Entries are read from the cache
+folder wherever it is; a missing or damaged one is built where the cache can be written (this process's temporary
+folder for a read-only cache, diskcache.writable). The key hashes the source, the options as given, the arch,
+the compiler's version and the name expressions, but not the kind: "o" and "so" of one source share the key and
+the .cu, as in torch.
 
 compile_async compiles in worker processes started with spawn, so that none inherits a CUDA context.
 """
@@ -27,7 +32,7 @@ from minitensor.base import diskcache
 
 from . import cuda_compilers
 
-SCHEMA = 1  # bump when the key's contents or the entry's layout change
+SCHEMA = 2  # bump when the key's contents or the entry's layout change
 _ENV = "MINITENSOR_CACHE_DIR"
 _keys = {}  # request (source, kind, options, arch, name_expressions) -> key: a hit hashes no source
 _artifacts = {}  # ($MINITENSOR_CACHE_DIR, key, kind) -> Artifact
@@ -52,10 +57,22 @@ def compile(source, kind, options=(), *, arch, name_expressions=()):
     artifact = _in_memory(request)
     if artifact is None:
         key = _key(request)
-        folder = _folder(key)
-        artifact = _on_disk(folder, key, kind) or _build(folder, key, request)
+        artifact = _on_disk(_folder(key), key, kind) or _build(_folder(key, writable=True), key, request)
         _remember(os.environ.get(_ENV), request, artifact)
     return artifact
+
+
+def compile_checked(source, kind, options=(), *, arch, name_expressions=()):
+    """(Artifact, its bytes) as compile() gives it, the bytes read and checked against the sidecar now, for
+    loading: an entry this process remembers but whose file was damaged since is forgotten and built again."""
+    for _ in range(2):
+        artifact = compile(source, kind, options, arch=arch, name_expressions=name_expressions)
+        data = _whole(os.path.dirname(artifact.path), artifact.key, kind)
+        if data is not None:
+            return artifact, data[1]
+        _artifacts.pop((os.environ.get(_ENV), artifact.key, kind), None)
+    raise RuntimeError(f"the cached CUDA artifact {artifact.path} was damaged again as soon as it was rebuilt "
+                       f"(something else writes to the cache folder)")
 
 
 def compile_async(source, kind, options=(), *, arch, name_expressions=()):
@@ -69,14 +86,13 @@ def compile_async(source, kind, options=(), *, arch, name_expressions=()):
     setting = os.environ.get(_ENV)
     if artifact is None:
         key = _key(request)
-        folder = _folder(key)
-        artifact = _on_disk(folder, key, kind)
+        artifact = _on_disk(_folder(key), key, kind)
     if artifact is not None:
         _remember(setting, request, artifact)
         done = Future()
         done.set_result(artifact)
         return done
-    cache_dir = os.path.dirname(os.path.dirname(folder))  # this process's folder, even where it is a fallback
+    cache_dir = os.path.dirname(os.path.dirname(_folder(key, writable=True)))  # where this process writes
     future = _workers().submit(_compile_in_worker, cache_dir, request)
     future.add_done_callback(partial(_remember_result, setting, request))
     return future
@@ -151,31 +167,45 @@ def _remember(setting, request, artifact):
 
 
 # ------------------------------------------------------------------------------------------- the disk
-def _folder(key):
-    folder = os.path.join(diskcache.path("cuda"), key[:2])
+def _folder(key, writable=False):
+    """The entry's folder: where it is read, or with `writable` where it is built (created)."""
+    if not writable:
+        return os.path.join(diskcache.path("cuda"), key[:2])
+    folder = os.path.join(diskcache.writable("cuda"), key[:2])
     os.makedirs(folder, exist_ok=True)
     return folder
 
 
 def _on_disk(folder, key, kind, repair=False):
-    """The entry if it is whole: its .cu and sidecar exist and the artifact has the sidecar's sha256. With
-    `repair` (under the lock, where no one is writing it) a damaged entry is removed."""
+    """The entry if it is whole (see _whole). With `repair` (under the lock, where no one is writing it) a damaged
+    entry is removed."""
     base = os.path.join(folder, key)
     path = f"{base}.{kind}"
-    try:
-        with open(path + ".json", "rb") as f:
-            sidecar = json.loads(f.read())
-        with open(path, "rb") as f:
-            whole = hashlib.sha256(f.read()).hexdigest() == sidecar["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        whole = False
-    if whole and os.path.exists(base + ".cu"):
-        return Artifact(path, key, base + ".cu", sidecar["lowered_names"])
+    whole = _whole(folder, key, kind)
+    if whole is not None and os.path.exists(base + ".cu"):
+        return Artifact(path, key, base + ".cu", whole[0]["lowered_names"])
     if repair:
         for damaged in (path + ".json", path):  # the sidecar first: the entry stops counting at once
             with suppress(FileNotFoundError):
                 os.remove(damaged)
     return None
+
+
+def _whole(folder, key, kind):
+    """(sidecar, artifact bytes) when the sidecar names this entry and the artifact has its size and sha256,
+    else None."""
+    path = os.path.join(folder, f"{key}.{kind}")
+    try:
+        with open(path + ".json", "rb") as f:
+            sidecar = json.loads(f.read())
+        with open(path, "rb") as f:
+            data = f.read()
+        whole = ((sidecar["key"], sidecar["kind"], sidecar["size"]) == (key, kind, len(data))
+                 and sidecar["sha256"] == hashlib.sha256(data).hexdigest()
+                 and isinstance(sidecar["lowered_names"], dict))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (sidecar, data) if whole else None
 
 
 def _build(folder, key, request):
@@ -185,29 +215,22 @@ def _build(folder, key, request):
     with open(f"{base}.{kind}.lock", "ab") as lock:  # closing it releases the flock
         fcntl.flock(lock, fcntl.LOCK_EX)
         source_path = base + ".cu"
-        if _read(source_path) != source.encode():
+        if diskcache.read(source_path) != source.encode():
             _write(source_path, source.encode())
         found = _on_disk(folder, key, kind, repair=True)
         if found is not None:
             return found
         data, lowered = cuda_compilers.run(kind, source, source_path, options, arch, names)
         _write(f"{base}.{kind}", data)
-        sidecar = {"sha256": hashlib.sha256(data).hexdigest(), "lowered_names": lowered}
+        sidecar = {"key": key, "kind": kind, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                   "lowered_names": lowered}
         _write(f"{base}.{kind}.json", json.dumps(sidecar).encode())  # last: now the entry counts
     return Artifact(f"{base}.{kind}", key, source_path, lowered)
 
 
-def _read(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def _write(path, data):
-    """Atomically: a reader sees the old file or the new one. Not fsync'd (a few ms each on some disks, more than
-    NVRTC's compile): after a crash a torn artifact or sidecar fails the sha256 check and is built again."""
+    """Atomically and durably (fsync'd, then renamed): a reader sees the old file or the new one, and after a
+    crash a torn artifact or sidecar still fails the sha256 check and is built again."""
     diskcache.write(path, data)
 
 

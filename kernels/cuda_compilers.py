@@ -69,6 +69,7 @@ def _remembered(stamp, family, path):
         release = re.search(rb"V(\d+(?:\.\d+)+)", version)  # "V13.5.37": for a reader of the memo
         number = release.group(1).decode() if release else "unknown"
         memo[stamp] = f"{family}-{number}-{hashlib.sha256(version).hexdigest()[:12]}"
+        memo_path = os.path.join(diskcache.writable("cuda"), "compilers.json")  # a read-only cache: elsewhere
         os.makedirs(os.path.dirname(memo_path), exist_ok=True)
         with atomic_write(memo_path) as f:  # two writers at once may lose one stamp: it is computed again
             f.write(json.dumps(memo, indent=0).encode())

@@ -22,8 +22,11 @@ Options: `-D NAME[=VALUE]`, `-U NAME` and `-I FOLDER` (also as `--define-macro=`
 strict aliasing (CUDA sources reinterpret memory freely). Any other option is refused with ValueError.
 
 Builds are cached on disk (minitensor.base.diskcache), keyed by the translated source, the prelude, the
-compiler's identity, the flags and the files of the -I folders, and in this process by the same key.
+compiler's identity, the flags and the files of the -I folders, and in this process by the same key. A cached
+library is sealed and checked before it is loaded: a truncated, empty or swapped one is compiled again.
 """
+import bisect
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -64,10 +67,11 @@ _REFUSED = [(re.compile(pattern), what) for pattern, what in (
     (r"\b(?:texture|surface)\s*<|\bcuda(?:Texture|Surface)Object_t\b|\b(?:tex|surf)(?:1D|2D|3D|Cubemap)\w*",
      "a texture or surface"),
 )]
-_LAUNCH = re.compile(r"<<<")
-_CALLEE = re.compile(r"(?<![\w:])(?:::\s*)?[A-Za-z_]\w*(?:\s*::\s*[A-Za-z_]\w*)*"
-                     r"(?:\s*<[^<>;{}]*(?:<[^<>;{}]*>[^<>;{}]*)*>)?\s*$")
-_CONFIG_END = re.compile(r"[()\[\]{}]|>>>")
+# a launch's brackets: `operator<<` is one token, so `operator<<<T>` (a template operator) opens no launch
+_LAUNCH_TOKENS = re.compile(r"\boperator\s*<<|<<<|>>>|[()\[\]{}]")
+# the kernel before `<<<` ("k", "ns::k", "::k", "k<float, 4>"), matched in the reversed text from the `<<<`
+_CALLEE_BACKWARDS = re.compile(r"\s*(?:>(?:[^<>;{}]*>[^<>;{}]*<)*[^<>;{}]*<\s*)?"
+                               r"(?:\w*[A-Za-z_]\s*::\s*)*\w*[A-Za-z_](?:\s*::)?(?![\w:])")
 _CALL = re.compile(r"\s*\(")
 _NOINLINE = re.compile(r"(?P<gcc>__attribute__\s*\(\([^()]*?)?\b(?P<token>__noinline__)\b")
 
@@ -144,24 +148,71 @@ def _prepared(source):
 
 def translate(source):
     """`source` as host C++ for the prelude: launches rewritten, `__noinline__` spelled for GCC; the line numbers
-    stay those of `source`. Raises NotImplementedError for what sequential threads cannot run."""
+    stay those of `source`. Raises NotImplementedError for what sequential threads cannot run, and CompileError
+    naming the line of a launch's `<<<` that no `>>>` closes. Linear in the source's length: one pass pairs
+    every `<<<` with its `>>>`."""
     text = cuda_signatures.clean(source)
     functions = cuda_signatures.definitions(text)
-    _refuse(text, functions)
+    launches, unclosed = _launches(text)
+    _refuse(text, functions, sorted([start for start, _ in launches] + unclosed))
+    if unclosed:
+        raise _unclosed(text, unclosed[0])
     edits = [(m.start("token"), m.end(), "__attribute__((noinline))")
              for m in _NOINLINE.finditer(text) if not m["gcc"]]  # GCC's own __attribute__((__noinline__)) stays
-    for m in _LAUNCH.finditer(text):
-        edits += _launch_edits(text, m.start())
-    for start, end, replacement in sorted(edits, reverse=True):
-        source = source[:start] + replacement + source[end:]
-    return source
+    backwards = text[::-1]  # the callee before each `<<<` is matched backwards from it, in its own length
+    for start, end in launches:
+        edits += _launch_edits(text, backwards, start, end)
+    pieces, done = [], 0
+    for start, end, replacement in sorted(edits):
+        pieces += [source[done:start], replacement]
+        done = end
+    return "".join(pieces) + source[done:]
 
 
-def _refuse(text, functions):
-    """Raise NotImplementedError at the first construct sequential threads cannot run."""
+def _launches(text):
+    """([(offset of `<<<`, offset of its `>>>`)], [offsets of the `<<<` none closes]), in one pass over the
+    brackets: a launch configuration ends at the first `>>>` at the bracket depth of its `<<<` (a `>>>` deeper
+    in closes templates), and a bracket opened before the `<<<` closing first leaves it unclosed."""
+    launches, unclosed, open_launches, depth = [], [], [], 0
+    for m in _LAUNCH_TOKENS.finditer(text):
+        token = m.group(0)
+        if token == "<<<":
+            open_launches.append((m.start(), depth))
+        elif token == ">>>":
+            if open_launches and open_launches[-1][1] == depth:
+                launches.append((open_launches.pop()[0], m.start()))
+        elif token in "([{":
+            depth += 1
+        elif token in ")]}":
+            depth -= 1
+            while open_launches and open_launches[-1][1] > depth:
+                unclosed.append(open_launches.pop()[0])
+    unclosed += [start for start, _ in open_launches]
+    return launches, sorted(unclosed)
+
+
+def _unclosed(text, offset):
+    """The CompileError for a `<<<` at `offset` that no `>>>` closes, naming its line as a compiler would."""
+    line = text.count("\n", 0, offset) + 1
+    column = offset - text.rfind("\n", 0, offset)
+    log = (f"<source>:{line}:{column}: error: this kernel launch's '<<<' is not closed by '>>>' (a launch is "
+           f"kernel<<<grid, block>>>(arguments))\n")
+    return CompileError(log, ["minitensor's launch translation for the simulated device"])
+
+
+def _refuse(text, functions, launches):
+    """Raise NotImplementedError at the first construct sequential threads cannot run; `launches` are the offsets
+    of the `<<<`s."""
     hits = [(m.start(), what, m.group(0)) for pattern, what in _REFUSED for m in pattern.finditer(text)]
-    hits += [(m.start(), "a kernel launch from device code (dynamic parallelism)", "<<<")
-             for m in _LAUNCH.finditer(text) if _enclosing(functions, m.start())]
+    outermost = []  # the definitions not inside another one (a __device__ lambda is), in source order
+    for f in functions:
+        if not outermost or f.start >= outermost[-1].body[1]:
+            outermost.append(f)
+    starts = [f.start for f in outermost]
+    for offset in launches:
+        i = bisect.bisect_right(starts, offset) - 1
+        if i >= 0 and offset < outermost[i].body[1]:
+            hits.append((offset, "a kernel launch from device code (dynamic parallelism)", "<<<"))
     if not hits:
         return
     offset, what, token = min(hits)
@@ -179,21 +230,17 @@ def _enclosing(functions, offset):
     return next((f for f in functions if f.start <= offset < f.body[1]), None)
 
 
-def _launch_edits(text, start):
-    """Edits turning `kernel<<<config>>>(args)` at `start` into `__mt_emu::launch(<call>, config)(args)`; none
-    where the text around `<<<` is not such a launch (the compiler then reports it)."""
-    callee = _CALLEE.search(text, max(0, start - 512), start)
-    depth, end = 0, None
-    for m in _CONFIG_END.finditer(text, start + 3):
-        if m.group(0) == ">>>" and depth == 0:
-            end = m.start()
-            break
-        depth += 0 if m.group(0) == ">>>" else (1 if m.group(0) in "([{" else -1)
-    if callee is None or end is None or not _CALL.match(text, end + 3):
+def _launch_edits(text, backwards, start, end):
+    """Edits turning `kernel<<<config>>>(args)`, its `<<<` at `start` and `>>>` at `end`, into
+    `__mt_emu::launch(<call>, config)(args)`; none where the text around is not such a launch (the compiler then
+    reports it). `backwards` is `text` reversed."""
+    callee = _CALLEE_BACKWARDS.match(backwards, len(text) - start)
+    if callee is None or not _CALL.match(text, end + 3):
         return []
-    name_end = callee.start() + len(callee.group(0).rstrip())
+    callee_start = len(text) - callee.end()
+    name_end = callee_start + len(text[callee_start:start].rstrip())
     lines = "\n" * text.count("\n", name_end, start)
-    return [(callee.start(), callee.start(), "::__mt_emu::launch([&](auto &&...__mt_a) { "),
+    return [(callee_start, callee_start, "::__mt_emu::launch([&](auto &&...__mt_a) { "),
             (name_end, start + 3, f"(__mt_a...); }}, {lines}"), (end, end + 3, ")")]
 
 
@@ -310,15 +357,18 @@ def _flags(options):
 
 
 def _build(text, flags):
-    """The path of the shared library of the translated `text`, from the caches or compiled now."""
+    """The path of the shared library of the translated `text`, from the caches or compiled now. A cached library
+    is sealed (diskcache) and checked before it is loaded: a damaged one is compiled again."""
     command, version = _compiler(os.environ.get("CXX"))
     prelude = _prelude()
     parts = (text, prelude.decode(), repr(command), version, repr((_FLAGS, flags)), _included(flags))
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
     with _lock:
         if key not in _built:
-            library = diskcache.path(f"cuda-emu-{key}.so")
-            if not os.path.exists(library):
+            name = f"cuda-emu-{key}.so"
+            library = diskcache.path(name)
+            if diskcache.read_sealed(library) is None:
+                library = diskcache.writable(name)
                 _compile(command, text, flags, prelude, library)
             _built[key] = library
         return _built[key]
@@ -327,25 +377,35 @@ def _build(text, flags):
 def _compile(command, text, flags, prelude, library):
     """Compile `text` with the prelude force-included into `library`; CompileError with the compiler's log."""
     include = _include_folder(prelude)
-    source_path = diskcache.path(os.path.basename(library)[:-3] + ".cu")
+    source_path = library[:-3] + ".cu"
     diskcache.write(source_path, text.encode())
-    output = diskcache.temporary(library)
+    output = diskcache.temporary(library) + ".so"
     full = [*command, *_FLAGS, "-include", os.path.join(include, "cuda_emulation.h"), f"-I{include}", *flags,
             "-x", "c++", source_path, "-o", output]
-    proc = subprocess.run(full, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise CompileError(proc.stderr + proc.stdout, full, source_path)
-    os.replace(output, library)
+    try:
+        proc = subprocess.run(full, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CompileError(proc.stderr + proc.stdout, full, source_path)
+        with open(output, "rb") as f:
+            diskcache.write_sealed(library, f.read())
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(output)
 
 
 def _include_folder(prelude):
-    """A folder holding the prelude and the fake CUDA headers (cuda_runtime.h, cuda.h, ...) that include it."""
-    folder = diskcache.path(f"cuda-emu-include-{hashlib.sha256(prelude).hexdigest()[:16]}")
-    os.makedirs(folder, exist_ok=True)
+    """A folder holding the prelude and the fake CUDA headers (cuda_runtime.h, cuda.h, ...) that include it: the
+    cached one when every file in it is whole, else one written again where the cache can be written."""
+    name = f"cuda-emu-include-{hashlib.sha256(prelude).hexdigest()[:16]}"
     files = {"cuda_emulation.h": prelude, **{h: b'#pragma once\n#include "cuda_emulation.h"\n' for h in _HEADERS}}
-    for name, data in files.items():
-        if not os.path.exists(os.path.join(folder, name)):
-            diskcache.write(os.path.join(folder, name), data)
+    folder = diskcache.path(name)
+    if all(diskcache.read(os.path.join(folder, file)) == data for file, data in files.items()):
+        return folder
+    folder = diskcache.writable(name)
+    os.makedirs(folder, exist_ok=True)
+    for file, data in files.items():
+        if diskcache.read(os.path.join(folder, file)) != data:
+            diskcache.write(os.path.join(folder, file), data)
     return folder
 
 

@@ -22,15 +22,14 @@ class LoadedModule:
         cxx_names = tuple(name for name, s in self.signatures.items() if not s.extern_c and not s.template)
         self._driver = driver = active_driver()
         props = driver.properties(device)
-        self.artifact = cuda_cache.compile(source, kind, options, arch=props.major * 10 + props.minor,
-                                           name_expressions=tuple(dict.fromkeys((*name_expressions, *cxx_names))))
+        self.artifact, image = cuda_cache.compile_checked(  # the bytes loaded are those checked
+            source, kind, options, arch=props.major * 10 + props.minor,
+            name_expressions=tuple(dict.fromkeys((*name_expressions, *cxx_names))))
         self.device = device
         self._launchers = {}
         if driver.interprets_kernels:
             self._emulated = cuda_emulation.emulated_module(source, options)
         else:
-            with open(self.artifact.path, "rb") as f:
-                image = f.read()
             self._module, self._context = driver.load_module(device, image + b"\0" * (kind == "ptx"))
 
     def signature(self, name):

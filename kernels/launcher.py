@@ -77,17 +77,13 @@ def _load(kernel, device, types, constexprs, aligned, num_warps, num_stages):
                                 constexpr_values.values()), 0
     props = driver.properties(device)
     capability = props.major * 10 + props.minor
-    entry = diskcache.path("kernels-" + _cache_key(kernel, types, constexprs, aligned, (num_warps, num_stages),
-                                                   capability))
-    binary = _read_entry(entry)
-    if binary is None:
+    name = "kernels-" + _cache_key(kernel, types, constexprs, aligned, (num_warps, num_stages), capability)
+    binary = read_entry(diskcache.path(name))
+    if binary is None:  # missing or damaged: compiled and written where the cache can be written
         function = _function(kernel)
         binary = _compat().compile_cuda(function, *_signature(function, types, constexprs), aligned, capability,
                                         num_warps, num_stages)
-        cubin = binary.pop("cubin")
-        diskcache.write(entry + ".cubin", cubin)  # the binary first: an entry counts once its .json exists
-        diskcache.write(entry + ".json", json.dumps(binary).encode())
-        binary["cubin"] = cubin
+        write_entry(diskcache.writable(name), binary)
     function, context = driver.load_function(device, binary["cubin"], binary["name"], binary["shared"])
     return native().Launcher(function, context, 32 * binary["num_warps"], binary["shared"], binary["kinds"].encode(),
                              binary["name"]), binary["scratch"]
@@ -154,13 +150,23 @@ def _sources():
     return digest.digest()
 
 
-def _read_entry(entry):
-    """The cached binary and its launch metadata, or None when absent or unreadable."""
-    try:
-        with open(entry + ".json", "rb") as f:
-            binary = json.loads(f.read())
-        with open(entry + ".cubin", "rb") as f:
-            binary["cubin"] = f.read()
-    except (OSError, ValueError):
+def read_entry(entry):
+    """The cached binary and its launch metadata, or None when either file is absent or not whole (each is sealed,
+    diskcache.read_sealed: a truncated, empty or swapped cubin is compiled again, never loaded)."""
+    cubin, metadata = diskcache.read_sealed(entry + ".cubin"), diskcache.read_sealed(entry + ".json")
+    if cubin is None or metadata is None:
         return None
+    try:
+        binary = json.loads(metadata)
+    except ValueError:
+        return None
+    binary["cubin"] = cubin
     return binary
+
+
+def write_entry(entry, binary):
+    """Write compile_cuda's `binary` as the entry read_entry reads: the cubin first, as the entry counts once its
+    .json exists."""
+    metadata = {key: value for key, value in binary.items() if key != "cubin"}
+    diskcache.write_sealed(entry + ".cubin", binary["cubin"])
+    diskcache.write_sealed(entry + ".json", json.dumps(metadata).encode())

@@ -111,6 +111,7 @@ def test_entry_layout_and_sidecar(built):
     sidecar = json.loads(read(entry.path + ".json"))
     assert sidecar["lowered_names"] == entry.lowered_names
     assert sidecar["sha256"] == hashlib.sha256(read(entry.path)).hexdigest()
+    assert (sidecar["key"], sidecar["kind"], sidecar["size"]) == (entry.key, "cubin", len(read(entry.path)))
     assert not [n for n in os.listdir(os.path.dirname(entry.path)) if n.endswith(".tmp")]
     memo = json.loads(read(os.path.join(str(folder), "cuda", "compilers.json")))
     assert sorted(stamp.split("|")[0] for stamp in memo) == ["nvcc", "nvrtc"]
@@ -276,6 +277,25 @@ def test_damaged_entry_is_rebuilt(cache_dir, damage):
     assert again == first
     assert read(again.path) == good
     assert json.loads(read(again.path + ".json"))["lowered_names"] == first.lowered_names
+
+
+@pytest.mark.parametrize("damage", ["truncate", "swap", "swap with its sidecar"])
+def test_entry_damaged_after_its_compile_is_rebuilt_before_loading(cache_dir, damage):
+    """This process remembers the entry, so compile() trusts it (a cheap hit); compile_checked, what loads it,
+    reads and checks it again: a library dlopen'd truncated kills the process with SIGBUS."""
+    first = cuda_cache.compile(DEVICE_ONLY, "cubin", arch=90, name_expressions=NAMES)
+    other = cuda_cache.compile(DEVICE_ONLY, "cubin", arch=80, name_expressions=NAMES)
+    good = read(first.path)
+    assert read(other.path) != good
+    if damage == "truncate":
+        os.truncate(first.path, len(good) // 2)
+    else:  # another valid cubin, with its own sidecar too: the sidecar names its entry
+        for suffix in ("", ".json")[:1 + (damage == "swap with its sidecar")]:
+            with open(first.path + suffix, "wb") as f:
+                f.write(read(other.path + suffix))
+    assert cuda_cache.compile(DEVICE_ONLY, "cubin", arch=90, name_expressions=NAMES) == first
+    artifact, data = cuda_cache.compile_checked(DEVICE_ONLY, "cubin", arch=90, name_expressions=NAMES)
+    assert artifact == first and data == good == read(first.path)
 
 
 # ------------------------------------------------------------------------------------------- async
