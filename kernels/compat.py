@@ -10,12 +10,20 @@ interpreter internals used here exist unchanged through 3.9).
   minitensor's own launcher needs to call it; a Gluon kernel (matmul_fma.py) compiles from Gluon's own source
   class (`triton.experimental.gluon`, present with the same names from 3.6 through 3.9); `async_load` is
   Gluon's cp.async copy, which 3.9 renamed from `async_copy_global_to_shared`.
-- `narrow`: float32 to bfloat16 rounded to nearest even in the interpreter too.
-- `libdevice`: Triton's on the GPU; numpy stand-ins for the few functions used (pow, tanh, rint, hypot, and
+- `widen` and `narrow`: bfloat16 to and from float32 on the bits in the interpreter, whose own conversions lose
+  subnormals (and whose bfloat16 compares its raw bits: -0.0 != 0); `narrow` rounds to nearest even, as the GPU.
+- `libdevice`: Triton's on the GPU; numpy stand-ins for the few functions used (pow, tanh, rint, hypot, fmod, and
   complex_math.py's exp, log1p, sinh, cosh, atan2, copysign), in the interpreter.
+- `quiet_exit_report`: Triton 3.9's nanobind reports objects its C++ side still holds at exit once a Gluon kernel
+  compiled (not a leak of the process: nothing in Python refers to them); a compile of one drops that report.
 - `dtype`: a Triton type from its name inside a kernel, so host code passes type names as constexprs without
   importing Triton.
 """
+import atexit
+import os
+import subprocess
+import sys
+
 import numpy as np
 import triton
 import triton.language as tl
@@ -35,7 +43,7 @@ if INTERPRETED:
 
         @staticmethod
         def _apply(function, *args):
-            shaped = max(args, key=lambda a: a.handle.data.ndim)  # a scalar operand broadcasts against a block
+            shaped = next((a for a in args if a.type.is_block()), args[0])  # a scalar broadcasts against a block
             with np.errstate(all="ignore"):
                 data = function(*(a.handle.data for a in args)).astype(shaped.handle.data.dtype)
             return tl.core.tensor(TensorHandle(data, shaped.handle.dtype), shaped.type)
@@ -56,6 +64,10 @@ if INTERPRETED:
         def hypot(x, y):
             return libdevice._apply(np.hypot, x, y)
 
+        @staticmethod
+        def fmod(x, y):
+            return libdevice._apply(np.fmod, x, y)
+
         # complex_math.py's
         exp = staticmethod(lambda x: libdevice._apply(np.exp, x))
         log1p = staticmethod(lambda x: libdevice._apply(np.log1p, x))
@@ -71,15 +83,35 @@ else:
 
 if INTERPRETED:
     @jit
+    def widen(x):
+        """A half-type `x` as float32, a bfloat16 by its bits (the interpreter's own conversion turns its subnormals
+        into other values); any other `x` as it is."""
+        if tl.constexpr(x.dtype.is_bf16()):
+            return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        elif tl.constexpr(x.dtype.is_fp16()):
+            return x.to(tl.float32)
+        else:
+            return x
+
+    @jit
     def narrow(x, ty):
-        """float32 `x` converted to `ty`, bfloat16 rounded to nearest even as the GPU rounds: the interpreter's
-        own float32 -> bfloat16 truncates, so here the rounding is done on the bits."""
+        """float32 `x` converted to `ty`, bfloat16 rounded to nearest even on the bits as the GPU rounds (the
+        interpreter's own conversion truncates and flushes subnormals); nan stays nan."""
         if ty == tl.bfloat16:
             bits = x.to(tl.uint32, bitcast=True)
-            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
-            x = tl.where(x != x, x, rounded)  # nan stays nan
+            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            half = tl.where(x != x, (bits >> 16) | 0x40, rounded)
+            return half.to(tl.uint16).to(tl.bfloat16, bitcast=True)
         return x.to(ty)
 else:
+    @jit
+    def widen(x):
+        """A half-type `x` as float32; any other `x` as it is."""
+        if tl.constexpr(x.dtype.is_fp16() or x.dtype.is_bf16()):
+            return x.to(tl.float32)
+        else:
+            return x
+
     @jit
     def narrow(x, ty):
         """float32 `x` converted to `ty` (the GPU rounds bfloat16 to nearest even itself)."""
@@ -152,6 +184,8 @@ def compile_cuda(kernel, signature, constexprs, aligned, capability, num_warps, 
     from triton.experimental.gluon._runtime import GluonASTSource
 
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    if kernel.is_gluon():
+        quiet_exit_report()
     source_class = GluonASTSource if kernel.is_gluon() else ASTSource
     source = source_class(kernel, signature, constexprs=constexprs, attrs=attrs)
     # FMA contraction stays on (3.6's default), named so that 3.9, whose default will flip in 3.10, does not warn
@@ -165,3 +199,48 @@ def compile_cuda(kernel, signature, constexprs, aligned, capability, num_warps, 
     kinds = "".join("p" if ty.startswith("*") else _PARAM_KINDS[ty] for ty in signature.values() if ty != "constexpr")
     return {"cubin": compiled.asm["cubin"], "name": metadata.name, "shared": metadata.shared,
             "num_warps": metadata.num_warps, "kinds": kinds + _SCRATCH_KINDS[scratch > 0], "scratch": scratch}
+
+
+# The lines of nanobind's report, which stderr's filter drops: "nanobind: leaked 4 instances!", one " - leaked ..."
+# line per object (" - ... skipped remainder" past ten), then "nanobind: this is likely caused ..." and a link.
+_EXIT_FILTER = """
+import sys
+inside = False
+for line in sys.stdin.buffer:
+    if line.startswith((b"nanobind: leaked ", b"nanobind: this is likely caused")):
+        inside = True
+    elif not (inside and line.startswith((b" - ", b"See https://nanobind.readthedocs.io"))):
+        inside = False
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+"""
+_quiet_at_exit = False
+
+
+def quiet_exit_report():
+    """Have this process's exit drop nanobind's report of Triton objects still alive, and nothing else.
+
+    Compiling a Gluon kernel makes Triton 3.9's C++ side keep references to some of its Python types (no Python
+    object refers to them: gc finds no holder), so nanobind lists them, with their methods, as "leaked" once the
+    interpreter is gone: dozens of lines that read as a crash. Triton silences the same report in its own compile
+    workers by pointing their stderr at /dev/null at exit; here, from the exit on, stderr goes through a small
+    filter process that drops only the report's lines. Registered at the first Gluon compile, so the exit handlers
+    registered after it run first, unfiltered; bindings that are not nanobind's (older Triton) need nothing."""
+    global _quiet_at_exit
+    if _quiet_at_exit or type(triton._C.libtriton.ir.builder).__module__ != "nanobind":
+        return
+    _quiet_at_exit = True
+    atexit.register(_filter_stderr)
+
+
+def _filter_stderr():
+    try:
+        sys.stderr.flush()
+        read, write = os.pipe()
+        subprocess.Popen([sys.executable, "-I", "-S", "-c", _EXIT_FILTER], stdin=read, stdout=2,
+                         stderr=subprocess.DEVNULL)
+        os.dup2(write, 2)
+        os.close(read)
+        os.close(write)
+    except (OSError, ValueError):  # no executable, no more processes or descriptors: the report shows
+        pass

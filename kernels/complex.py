@@ -11,7 +11,7 @@ elementwise.py, each kernel has a `*_contiguous` and a `*_strided` (up to four r
 import triton.language as tl
 
 from . import complex_math
-from .compat import dtype, jit, libdevice
+from .compat import dtype, jit, libdevice, widen
 from .elementwise import _cast, _linear_offsets, _strided_offset
 
 
@@ -26,7 +26,7 @@ def _load(ptr, re_scalar, im_scalar, offs, mask, KIND: tl.constexpr, COMPUTE: tl
     elif KIND == 3:
         x = tl.load(ptr + offs, mask=mask)
         if tl.constexpr(x.dtype.is_fp16() or x.dtype.is_bf16()):  # the interpreter widens halves only to float32
-            x = x.to(tl.float32)
+            x = widen(x)
         re = x.to(ty)
         im = tl.full(re.shape, 0, ty)
     else:

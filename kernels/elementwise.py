@@ -7,7 +7,7 @@ arithmetic runs in.
 """
 import triton.language as tl
 
-from .compat import dtype, jit, libdevice, narrow
+from .compat import dtype, jit, libdevice, narrow, widen
 
 
 @jit
@@ -40,12 +40,14 @@ def _strided_offset(i, s1, s2, s3, t0, t1, t2, t3, RANK: tl.constexpr):
 
 @jit
 def _cast(x, OUT_BOOL: tl.constexpr, out_ty):
-    """Convert to the output's element type as torch does: to bool by `!= 0`, to or from a half type through
-    float32 (the only bfloat16 conversions Triton's interpreter has; `narrow` rounds them right), and from a
-    float to uint8 through int64, as c10's cast does (the GPU's own conversion would clamp -2.0 to 0, not 254)."""
+    """Convert to the output's element type as torch does: half types through float32 (the only bfloat16
+    conversions Triton's interpreter has; `widen` and `narrow` make them exact there), then to bool by `!= 0`
+    (-0.0 is False, nan True), and from a float to uint8 through int64, as c10's cast does (the GPU's own
+    conversion would clamp -2.0 to 0, not 254)."""
+    x = widen(x)
     if OUT_BOOL:
         return x != 0
-    if tl.constexpr(x.dtype.is_fp16() or x.dtype.is_bf16() or out_ty.is_fp16() or out_ty.is_bf16()):
+    if tl.constexpr(out_ty.is_fp16() or out_ty.is_bf16()):
         x = x.to(tl.float32)
     if tl.constexpr(out_ty == tl.uint8 and x.dtype.is_floating()):
         x = x.to(tl.int64)
@@ -81,11 +83,21 @@ def _div(x, y):
 
 
 @jit
+def _fmod(x, y):
+    """C's fmod, exact: the GPU's own float `%` is x - y * trunc(x / y) in the operands' precision, off by up to
+    about |x| times its epsilon once the quotient outgrows the mantissa (float32 3e22 % 7 gave 8.4e14, not 3)."""
+    if tl.constexpr(x.dtype.is_floating()):
+        return libdevice.fmod(x, y)
+    else:
+        return x % y  # integers: C's remainder, the sign of x
+
+
+@jit
 def _floor_divide(x, y):
     """Python's floor division. For floats, torch's exact form: (x - fmod(x, y)) / y, corrected to the
     floor; a zero divisor gives x / y (inf or nan)."""
     if tl.constexpr(x.dtype.is_floating()):
-        mod = x % y  # fmod: the sign of x
+        mod = _fmod(x, y)
         div = _div(x - mod, y)
         div = tl.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
         floored = tl.math.floor(div)
@@ -100,8 +112,12 @@ def _floor_divide(x, y):
 
 @jit
 def _remainder(x, y):
-    """Python's modulo: the sign of the divisor."""
-    r = x % y
+    """Python's modulo, as torch's kernels compute it: fmod, then the divisor added where the signs differ (the
+    result takes the divisor's sign; a zero keeps fmod's, the dividend's). Half-type operands (remainder computes
+    in its result type, ops/pointwise.py) in float32."""
+    x = widen(x)
+    y = widen(y)
+    r = _fmod(x, y)
     return tl.where((r != 0) & ((r < 0) != (y < 0)), r + y, r)
 
 
@@ -229,7 +245,7 @@ def _operand(ptr, scalar, offs, mask, KIND: tl.constexpr, COMPUTE: tl.constexpr)
     if KIND == 0:
         v = _cast(tl.load(ptr + offs, mask=mask), False, dtype(COMPUTE))
     else:
-        v = scalar.to(dtype(COMPUTE))
+        v = _cast(scalar, False, dtype(COMPUTE))
     return v
 
 

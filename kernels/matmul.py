@@ -12,7 +12,7 @@ to float32 first, exact: the products are then summed in float32, as on the GPU)
 """
 import triton.language as tl
 
-from .compat import dtype, jit
+from .compat import dtype, jit, narrow, widen
 
 
 @jit
@@ -54,8 +54,8 @@ def dot(acc, a, b, ACC: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.c
         a = _round_to_tf32(a)
         b = _round_to_tf32(b)
     if INTERPRETED and a.dtype == tl.bfloat16:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
+        a = widen(a)
+        b = widen(b)
     return tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=dtype(ACC))
 
 
@@ -112,8 +112,8 @@ def matmul(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
         if HAS_BIAS:
             bias = tl.load(bias_ptr + batch * bias_sb + rows[:, None] * bias_sm + cols[None, :] * bias_sn,
                            mask=mask, other=0.0)
-            acc += bias.to(dtype(ACC)) * beta
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+            acc += widen(bias).to(dtype(ACC)) * beta
+        tl.store(c_ptrs, narrow(acc, c_ptr.dtype.element_ty), mask=mask)
     else:
         tl.atomic_add(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask, sem="relaxed")
 
@@ -130,6 +130,6 @@ def scaled_bias(c_ptr, bias_ptr, M, N, c_sb, c_sm, c_sn, bias_sb, bias_sm, bias_
     if HAS_BIAS:
         bias = tl.load(bias_ptr + batch * bias_sb + rows[:, None] * bias_sm + cols[None, :] * bias_sn, mask=mask,
                        other=0.0)
-        value = bias.to(tl.float32) * beta
-    tl.store(c_ptr + batch * c_sb + rows[:, None] * c_sm + cols[None, :] * c_sn, value.to(c_ptr.dtype.element_ty),
+        value = widen(bias).to(tl.float32) * beta
+    tl.store(c_ptr + batch * c_sb + rows[:, None] * c_sm + cols[None, :] * c_sn, narrow(value, c_ptr.dtype.element_ty),
              mask=mask)

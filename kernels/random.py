@@ -18,7 +18,7 @@ log, cos and sin against the GPU's).
 """
 import triton.language as tl
 
-from .compat import jit, narrow
+from .compat import jit, narrow, widen
 from .elementwise import _linear_offsets
 
 _TWO_PI = tl.constexpr(6.283185307179586)
@@ -116,12 +116,12 @@ def uniform(out_ptr, seed, offset, n, low, high, INDEX64: tl.constexpr, BLOCK: t
     else:
         r0, r1, r2, r3 = _philox(seed, offset, 4, BLOCK)
         u = _in_order(_unit24(r0), _unit24(r1), _unit24(r2), _unit24(r3), BLOCK)
-        lo = narrow(low, ty).to(tl.float32)
-        hi = narrow(high, ty).to(tl.float32)
+        lo = widen(narrow(low, ty))
+        hi = widen(narrow(high, ty))
         # u * span is exact in float64 (24-bit by 24-bit), so the GPU's fused multiply-add and the
         # interpreter's multiply then add round the same way
         span = (hi - lo).to(tl.float64)
-        v = narrow((u.to(tl.float64) * span + lo.to(tl.float64)).to(tl.float32), ty).to(tl.float32)
+        v = widen(narrow((u.to(tl.float64) * span + lo.to(tl.float64)).to(tl.float32), ty))
     v = tl.where(v == hi, lo, v)
     offs = _linear_offsets(INDEX64, BLOCK)
     _store(out_ptr, offs, offs < n, v)

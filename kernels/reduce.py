@@ -15,7 +15,7 @@ NaN wins in min and max (as in torch), and the first index wins among equal valu
 """
 import triton.language as tl
 
-from .compat import dtype, jit
+from .compat import dtype, jit, narrow, widen
 from .elementwise import _strided_offset
 
 SUM, MAX, MIN = 0, 1, 2
@@ -43,7 +43,7 @@ def _min(x):
 def _to(x, ty, NONZERO: tl.constexpr):
     """An input element in the accumulator type: its truth value for all/any, half types through float32."""
     if x.dtype.is_fp16() or x.dtype.is_bf16():
-        x = x.to(tl.float32)
+        x = widen(x)
     if NONZERO:
         x = x != 0
     return x.to(ty)
@@ -85,7 +85,7 @@ def _cast_out(x, OUT_BOOL: tl.constexpr, out_ty):
         return x != 0
     if out_ty.is_fp16() or out_ty.is_bf16():
         x = x.to(tl.float32)
-    return x.to(out_ty)
+    return narrow(x, out_ty)
 
 
 @jit

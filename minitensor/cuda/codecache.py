@@ -6,7 +6,8 @@ in minitensor's terms (RawKernel and RawModule, raw_kernels.py, sit on the same 
   one source share the key and the source path.
 - `load(source, kind, options=())` -> (handle, key, source path): for "so" a SharedLibrary whose exported C
   functions are called by name (ctypes arguments); for "cubin" or "ptx" a RawModule whose kernels launch.
-- `compile_async` / `load_async`: the same in worker processes, as concurrent.futures.Future; `wait(scope)`
+- `compile_async` / `load_async`: compiled in worker processes, a concurrent.futures.Future of compile's tuple /
+  of load's handle alone (not a tuple, as torch's); `wait(scope)`
   replaces the futures among a dict's values by their results. Errors surface from `.result()`.
 
 A SharedLibrary's runtime-API launches (`kernel<<<grid, block>>>`) go to the legacy default stream of the device's
@@ -53,11 +54,12 @@ def compile(source, kind, options=()):
 def load(source, kind, options=()):
     """(handle, key, source path): a SharedLibrary for "so", a loaded RawModule for "cubin" and "ptx"."""
     options = tuple(options)
-    if kind == "so":
-        path, key, source_path = compile(source, kind, options)
-        if active_driver().interprets_kernels:
+    if kind == "so":  # checked just before it is dlopen'd: a damaged library would kill the process (SIGBUS)
+        artifact = _cache().compile_checked(source, kind, options, arch=_arch())[0]
+        path = artifact.path
+        if active_driver().interprets_kernels:  # the emulation's library, checked as it is built or found
             path = source_kernels().emulation.emulated_library(source, options)
-        return _library(path), key, source_path
+        return _library(path), artifact.key, artifact.source_path
     if kind not in ("cubin", "ptx"):
         raise ValueError(f"load takes kind 'so', 'cubin' or 'ptx', got {kind!r} (an 'o' object file is for "
                          "linking: use compile)")

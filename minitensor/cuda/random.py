@@ -6,10 +6,14 @@ backend (the sampling is in minitensor/ops/random.py and kernels/random.py).
 """
 import threading
 
+from . import capturing
 from .devices import current_device, device_count
+from .streams import current_stream_handle
 
 DEFAULT_SEED = 67280421310721
 _INT64_MIN = -(2**63)
+_SEED_IN_CAPTURE = ("CUDAGeneratorImpl::set_current_seed can be called during stream capture only if new seed is the "
+                    "same as the original seed.")
 
 
 def check_seed(seed):
@@ -65,16 +69,40 @@ default_generators = _DefaultGenerators()
 
 
 def manual_seed(seed):
-    """Seed the current device's generator (restarting its offset), as torch.cuda.manual_seed."""
-    generator(current_device()).reseed(check_seed(seed))
+    """Seed the current device's generator (restarting its offset), as torch.cuda.manual_seed. While the current
+    stream captures a graph, only the generator's own seed is accepted, and changes nothing (torch's rule)."""
+    seed = check_seed(seed)
+    g = generator(current_device())
+    if _capturing():
+        _refuse_new_seed(g, seed)
+    else:
+        g.reseed(seed)
 
 
 def manual_seed_all(seed):
-    """Seed every device's generator."""
+    """Seed every device's generator; while the current stream captures a graph, as manual_seed."""
     global _seed
-    _seed = check_seed(seed)
+    seed = check_seed(seed)
+    if _capturing():
+        for index in range(device_count()):
+            _refuse_new_seed(generator(index), seed)
+        return
+    _seed = seed
     for g in list(_generators.values()):
         g.reseed(_seed)
+
+
+def _capturing():
+    """Whether this thread's current stream on the current device captures a graph: the stream torch asks CUDA
+    about, so seeding from another thread, or with a side stream current, is not refused."""
+    return bool(capturing.by_stream) and current_stream_handle(current_device()) in capturing.by_stream
+
+
+def _refuse_new_seed(g, seed):
+    """torch's RuntimeError for a seed that would change `g` under a capture: its state is what the graph's random
+    ops were recorded against."""
+    if seed != g.seed:
+        raise RuntimeError(_SEED_IN_CAPTURE)
 
 
 def initial_seed():

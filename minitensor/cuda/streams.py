@@ -241,6 +241,9 @@ class GenericStream:
         return hash((self.device, self.cuda_stream))
 
     def __repr__(self):
+        if self._device_type is None:  # torch.Stream's form
+            return (f"{_public_name(self)} device_type={self._table.type_name}, device_index={self.device.index}, "
+                    f"stream_id={self.stream_id}")
         return f"<{_public_name(self)} device={self.device} cuda_stream={self.cuda_stream:#x}>"
 
     def __enter__(self):
@@ -432,8 +435,11 @@ class GenericEvent:
                 pass
 
     def __repr__(self):
-        state = f"cuda_event={self._handle:#x}" if self._handle is not None else "uninitialized"
-        return f"<{_public_name(self)} {state}>"
+        if self._device_type is None:  # torch.Event's form; event_flag: 1 with timing, else 0, as torch numbers it
+            index = -1 if self._device is None else self._device.index
+            return (f"{_public_name(self)} device_type={self._table.type_name}, device_index={index}, "
+                    f"event_flag={int(self.enable_timing)}, event_id={self.event_id}")
+        return f"<{_public_name(self)} {'uninitialized' if self._handle is None else f'{self._handle:#x}'}>"
 
 
 class Event(GenericEvent):
@@ -446,6 +452,10 @@ class Event(GenericEvent):
         super().__init__(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
 
 
+# The device-generic classes are torch.Stream and torch.Event under minitensor's name, as mt.Stream and mt.Event
+GenericStream.__name__ = GenericStream.__qualname__ = "Stream"
+GenericEvent.__name__ = GenericEvent.__qualname__ = "Event"
+GenericStream.__module__ = GenericEvent.__module__ = "minitensor"
 _PUBLIC_NAMES = {GenericStream: "minitensor.Stream", Stream: "minitensor.cuda.Stream",
                  GenericEvent: "minitensor.Event", Event: "minitensor.cuda.Event"}
 _CUDA.stream_class, _CUDA.event_class = Stream, Event

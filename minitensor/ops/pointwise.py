@@ -45,6 +45,7 @@ _UNARY = {
     "logical_not": (15, np.logical_not), "conj": (16, np.conjugate),  # conj: complex only (kernels/complex.py)
 }
 _FLOAT_FUNCTIONS = {"exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid"}
+_HALF = (dtypes.float16, dtypes.bfloat16)
 _WHERE, _CLAMP = 0, 1
 
 # Named forms: Tensor methods with their in-place twins (tensor.py) and mt.* functions with out= (FUNCTIONS).
@@ -232,7 +233,10 @@ def _binary_types(name, a, b, out):
     if result is dtypes.bool_ and name in _BOOL_FORMS:
         name = _BOOL_FORMS[name]
     out_dtype = dtypes.bool_ if name in _COMPARISONS else result
-    return _BINARY[name][0], result, compute_type(result), out_dtype
+    # torch's remainder takes its operands, numbers too, in a half result's own type (then fmod in float32); its
+    # other ops take numbers in float32
+    compute = result if name == "remainder" and result in _HALF else compute_type(result)
+    return _BINARY[name][0], result, compute, out_dtype
 
 
 def _unary_types(name, dtype, device, out=None):
@@ -337,8 +341,14 @@ def _run_numpy(kernel, operands, shape, result, compute, out, stored):
     def values(i, np_type=np_compute):
         x = operands[i]
         if isinstance(x, Tensor):
-            return np.broadcast_to(numpy_values(x).astype(np_type, copy=False), shape)
-        return np.array(number_converter(compute, result, i in stored)(x)).astype(np_type)
+            v = numpy_values(x)
+        else:  # a number reaches a half compute type as the kernel's float32 scalar does: rounded to float32
+            v = np.array(number_converter(compute, result, i in stored)(x))
+            v = v.astype(np.float32) if compute in _HALF else v
+        if compute is dtypes.bfloat16 and np_type is np_compute:  # held in float32, rounded to bfloat16's values
+            v = dtypes.bf16_bits_to_f32(dtypes.f32_to_bf16_bits(v.astype(np.float32)))
+        v = v.astype(np_type, copy=False)
+        return np.broadcast_to(v, shape) if isinstance(x, Tensor) else v
 
     with np.errstate(all="ignore"):
         if family == "unary":
@@ -365,6 +375,8 @@ def _run_numpy(kernel, operands, shape, result, compute, out, stored):
 
 
 def _numpy_binary(op, a, b, compute):
+    if op == _BINARY["remainder"][0] and compute.is_floating_point:
+        return _float_remainder(a, b)
     if op == _BINARY["pow"][0]:
         if compute.is_floating_point:
             return np.power(a, b)
@@ -374,6 +386,15 @@ def _numpy_binary(op, a, b, compute):
             raise RuntimeError("ZeroDivisionError")
     function = next(f for o, f in _BINARY.values() if o == op)
     return function(a, b)
+
+
+def _float_remainder(a, b):
+    """torch's float remainder (np.remainder differs in a zero's sign): fmod, then the divisor added where the signs
+    differ; half types in float32, as the kernels (elementwise.py `_remainder`)."""
+    if a.dtype == np.float16:
+        a, b = a.astype(np.float32), b.astype(np.float32)
+    r = np.fmod(a, b)
+    return np.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 
 
 def _int_pow(a, b):

@@ -61,9 +61,9 @@ _cpu_lock = threading.Lock()  # two threads' first draws share one generator, no
 def manual_seed(seed):
     """Seed the CPU's generator and every cuda device's."""
     seed = check_seed(seed)
+    manual_seed_all(seed)  # first, as torch: refused during a capture, it leaves the CPU's seed as it was
     global _cpu_seed, _cpu
     _cpu_seed, _cpu = seed, None
-    manual_seed_all(seed)
 
 
 def initial_seed():
