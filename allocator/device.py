@@ -122,11 +122,11 @@ class DeviceCachingAllocator(QueuedFrees, Segments, ExpandableSegments, PrivateP
                         self._repeats += 1
                         victim.state = ALLOCATED
                         if self._history is not None:
-                            self._history.alloc(victim.ptr, victim.size, victim.stream, None)
+                            self._history.alloc(victim.ptr, nbytes, victim.stream, None)
                         return victim
                     if self._take_victim(victim, size, nbytes):
                         if self._history is not None:
-                            self._history.alloc(victim.ptr, victim.size, victim.stream, None)
+                            self._history.alloc(victim.ptr, nbytes, victim.stream, None)
                         return victim
                 self._settle()
             elif self._repeat_victim is not None:
@@ -145,7 +145,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, ExpandableSegments, PrivateP
                             p.inactive_split_bytes -= size
                         self._count_taken(block, nbytes)
                         if self._history is not None:
-                            self._history.alloc(block.ptr, block.size, block.stream, None)
+                            self._history.alloc(block.ptr, nbytes, block.stream, None)
                         return block
             return self._alloc(nbytes, stream)
         finally:
@@ -156,7 +156,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, ExpandableSegments, PrivateP
         if block.state == ALLOCATED and block.stream_uses is None and self._plain:
             block.state = QUEUED  # not FREE: no other block merges with it before its free completes
             if self._history is not None:
-                self._history.free(block.ptr, block.size, block.stream, block.free_list.pool_id, True)
+                self._history.free(block.ptr, block.requested, block.stream, block.free_list.pool_id, True)
             self._freed.append(block)  # thread-safe without the lock; completed under it by the next call
             return
         with self._lock:
@@ -166,7 +166,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, ExpandableSegments, PrivateP
                 raise RuntimeError(f"minitensor allocator: {block!r} freed twice")
             self._settle()
             if self._history is not None:  # completed now, or when its streams' events have (_events_done)
-                self._history.free(block.ptr, block.size, block.stream, block.free_list.pool_id,
+                self._history.free(block.ptr, block.requested, block.stream, block.free_list.pool_id,
                                    not block.stream_uses)
             self._free(block)
 
@@ -239,7 +239,7 @@ class DeviceCachingAllocator(QueuedFrees, Segments, ExpandableSegments, PrivateP
             p.inactive_split_bytes -= block.size
         self._count_taken(block, nbytes)
         if self._history is not None:
-            self._history.alloc(block.ptr, block.size, block.stream, free_list.pool_id)
+            self._history.alloc(block.ptr, nbytes, block.stream, free_list.pool_id)
         return block
 
     def _free_list(self, small, stream, pool=None):
@@ -431,5 +431,6 @@ class DeviceCachingAllocator(QueuedFrees, Segments, ExpandableSegments, PrivateP
         p.pending -= 1
         p.pending_bytes -= block.size
         if self._history is not None:
-            self._history.event(FREE_COMPLETED, block.ptr, block.size, block.stream, block.free_list.pool_id)
+            self._history.event(FREE_COMPLETED, block.ptr, block.requested, block.stream,
+                                block.free_list.pool_id)
         self._cache(block, p)

@@ -104,7 +104,9 @@ class History:
     that between trims, so a trim is rare; a FREED entry reads back as two); `live`: address -> stack of each
     allocated block, while stacks of live allocations are kept. The allocator calls `alloc(ptr, size, stream,
     pool_id)` when it hands a block out, `free(ptr, size, stream, pool_id, completed)` when the owner frees it
-    (`completed`: reusable at once, no other stream used it), and `event` for entries without a stack."""
+    (`completed`: reusable at once, no other stream used it), and `event` for entries without a stack. As in
+    torch, `size` is the bytes the caller asked for in alloc and free entries (the block's rounded size is the
+    snapshot's), and the segment's or the pages' in segment entries."""
 
     __slots__ = ("trace", "live", "keep", "alloc", "free")
 

@@ -45,12 +45,13 @@ _POLL_S = 1e-4  # how often the background thread looks at pending events
 class HostBlock:
     """`size` bytes of pinned host memory at `ptr`."""
 
-    __slots__ = ("ptr", "size", "mapping", "stream_uses", "events", "event_count", "array")
+    __slots__ = ("ptr", "size", "requested", "mapping", "stream_uses", "events", "event_count", "array")
     stream = 0  # what a memory-history entry names as its stream: a pinned block belongs to none
 
     def __init__(self, ptr, size, mapping):
         self.ptr = ptr
         self.size = size
+        self.requested = 0  # bytes asked for by its last hand-out, as memory-history entries name its size
         self.mapping = mapping  # the ordinary memory behind a registered block; None for host_alloc memory
         self.stream_uses = None  # {(device, stream handle)} recorded by non_blocking copies while handed out
         self.events = None  # [(event, device, stream)] recorded at free, until the allocator queues them
@@ -117,8 +118,9 @@ class HostCachingAllocator(StatsReset):
                     stats.active_requests.freed += 1
                     stats.active_bytes.allocated += size
                     stats.active_bytes.freed += size
+                    block.requested = nbytes
                     if self._history is not None:
-                        self._history.alloc(block.ptr, block.size, block.stream, None)
+                        self._history.alloc(block.ptr, nbytes, block.stream, None)
                     return block
                 self._settle()
             if self._queued_events and self._thread is None and not self._capture_underway():
@@ -127,8 +129,9 @@ class HostCachingAllocator(StatsReset):
             if bin_:
                 block = bin_.pop()
                 self._count_taken(size)
+                block.requested = nbytes
                 if self._history is not None:
-                    self._history.alloc(block.ptr, block.size, block.stream, None)
+                    self._history.alloc(block.ptr, nbytes, block.stream, None)
                 return block
         finally:
             lock.release()
@@ -140,9 +143,10 @@ class HostCachingAllocator(StatsReset):
             stats.num_host_alloc += 1
             stats.host_alloc_time.add(us)
             self._count_taken(size)
+            block.requested = nbytes
             if self._history is not None:
                 self._history.event(SEGMENT_ALLOC, block.ptr, size, 0, None)
-                self._history.alloc(block.ptr, block.size, block.stream, None)
+                self._history.alloc(block.ptr, nbytes, block.stream, None)
         return block
 
     def free(self, block):
@@ -160,7 +164,7 @@ class HostCachingAllocator(StatsReset):
         if block.stream_uses:
             self._events.record(block)
         if self._history is not None:  # completed now, or when its streams' events have (_events_done)
-            self._history.free(block.ptr, block.size, block.stream, None, not block.events)
+            self._history.free(block.ptr, block.requested, block.stream, None, not block.events)
         self._freed.append(block)  # thread-safe without the lock
         if block.events and self._thread is not None:
             self._wake.set()
@@ -233,7 +237,7 @@ class HostCachingAllocator(StatsReset):
     def _events_done(self, block):
         """A freed block whose streams' events have all completed (stream_events.py): cache it."""
         if self._history is not None:
-            self._history.event(FREE_COMPLETED, block.ptr, block.size, 0, None)
+            self._history.event(FREE_COMPLETED, block.ptr, block.requested, 0, None)
         self._cache(block)
 
     def _cache(self, block):

@@ -56,16 +56,21 @@ class PrivatePools:
                 self._capturing += 1
             self._set_plain()
 
-    def end_allocate_to_pool(self, pool_id):
-        """Close the newest route to the pool; the pool keeps its user until `release_pool`."""
+    def end_allocate_to_pool(self, pool_id, matches=None):
+        """Close the route to the pool that `begin_allocate_to_pool` opened with `matches` (equal to it: a bound
+        method of the same object will do), or the newest one when None; the pool keeps its user until
+        `release_pool`. Routes sharing a pool may close in any order: two captures into one pool end as they
+        like, and each closes its own."""
         with self._lock:
             self._settle()
             for i in range(len(self._routes) - 1, -1, -1):
-                if self._routes[i][0].id == pool_id:
+                pool, route_matches, _ = self._routes[i]
+                if pool.id == pool_id and (matches is None or route_matches == matches):
                     _, _, capture = self._routes.pop(i)
                     break
             else:
-                raise RuntimeError(f"minitensor allocator: no allocation is routed to pool {pool_id}")
+                raise RuntimeError(f"minitensor allocator: no allocation is routed to pool {pool_id}"
+                                   f"{'' if matches is None else ' by this route'}")
             if capture:
                 self._capturing -= 1
                 if not self._capturing:

@@ -229,6 +229,26 @@ def test_routes_sharing_a_pool_reuse_each_others_blocks():
     check(driver, a)
 
 
+def test_routes_sharing_a_pool_close_in_any_order():
+    """Two captures into one pool at once (torch: capture_begin(pool=g1.pool()) while g1 captures) may end in
+    either order: each end names its route and closes that one, so the capture still underway keeps allocating
+    from the pool and the ended one's stream allocates from the general cache again (closing the newest route
+    instead swapped them)."""
+    driver, a = make()
+    first, second = on(S1), on(S2)
+    a.begin_allocate_to_pool(P, first, True)
+    a.begin_allocate_to_pool(P, second, True)
+    a.end_allocate_to_pool(P, first)  # the older capture ends first
+    assert pool_of(a, a.alloc(4 * KiB, S2)) == P
+    assert pool_of(a, a.alloc(4 * KiB, S1)) == GENERAL
+    with pytest.raises(RuntimeError, match="no allocation is routed to pool .* by this route"):
+        a.end_allocate_to_pool(P, first)
+    a.end_allocate_to_pool(P, second)
+    assert pool_of(a, a.alloc(4 * KiB, S2)) == GENERAL
+    assert a.pool_use_count(P) == 2  # the ends keep the users until release_pool
+    check(driver, a)
+
+
 # --------------------------------------------------------------------------- what a capture stops
 def test_capture_allocations_query_no_event():
     driver, a = make()

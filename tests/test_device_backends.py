@@ -190,10 +190,16 @@ def test_memory_goes_through_its_own_allocator(fake):
 def test_record_stream_keeps_the_block_from_reuse(fake):
     side = fake.Stream(device=0)
     t = mt.ones(256, device="fake:0")
-    t.record_stream(side)
-    ptr = t.data_ptr()
-    del t
-    assert mt.empty(256, device="fake:0").data_ptr() != ptr  # the side stream may still use it
+    driver = fake._driver
+    gate = driver.gate_create()
+    driver.gate_wait(gate, side.cuda_stream)  # side is busy: an event recorded on an idle stream is done at once
+    try:
+        t.record_stream(side)
+        ptr = t.data_ptr()
+        del t
+        assert mt.empty(256, device="fake:0").data_ptr() != ptr  # the side stream may still use it
+    finally:
+        driver.gate_open(gate)
     side.synchronize()
 
 

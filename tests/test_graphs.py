@@ -728,9 +728,71 @@ def test_pool_and_reset_outside_a_capture():
     g.reset()
     with pytest.raises(RuntimeError, match="without a preceding successful capture"):
         g.replay()
-    with pytest.raises(RuntimeError, match="already owns a captured graph"):
+
+
+def test_reset_lets_the_graph_capture_again():
+    """torch's reset() destroys the executable graph and gives its pool up: the same instance can then capture
+    a new graph, in a new pool (or a shared one), and replays only the new work."""
+    xd = rand(64)
+    x = dev(xd)
+    g = mt.cuda.CUDAGraph()
+    with mt.cuda.graph(g):
+        first = x * 2
+    first_pool = g.pool()
+    g.replay()
+    g.reset()
+    with mt.cuda.graph(g):
+        second = x + 3
+    assert g.pool() != first_pool  # the first pool was given up; the new capture has its own
+    first.fill_(-1.0)
+    g.replay()
+    close(values(second), xd + 3)
+    np.testing.assert_array_equal(values(first), np.full(64, -1.0, np.float32))  # the first graph is gone
+    # once more, into another graph's pool
+    other = mt.cuda.CUDAGraph()
+    with mt.cuda.graph(other):
+        base = x - 1
+    g.reset()
+    with mt.cuda.graph(g, pool=other.pool()):
+        third = base * 4
+    assert g.pool() == other.pool()
+    other.replay()
+    g.replay()
+    close(values(third), (xd - 1) * 4)
+    with pytest.raises(RuntimeError, match="already owns a captured graph"):  # without reset(): refused
         with mt.cuda.graph(g):
             x + 2
+    g.replay()
+    close(values(third), (xd - 1) * 4)
+
+
+def test_a_failed_capture_leaves_the_graph_free_to_capture():
+    xd = rand(16)
+    x = dev(xd)
+    g = mt.cuda.CUDAGraph()
+    with pytest.raises(ValueError):
+        with mt.cuda.graph(g):
+            x + 1
+            raise ValueError("inside the capture")
+    with pytest.raises(RuntimeError, match="without a preceding successful capture"):
+        g.replay()
+    with mt.cuda.graph(g):
+        y = x * 5
+    g.replay()
+    close(values(y), xd * 5)
+
+
+def test_capture_begin_during_its_own_capture_is_refused():
+    x = dev(rand(16))
+    s = other_stream()
+    g = mt.cuda.CUDAGraph()
+    with mt.cuda.stream(s), capturing(g, s):
+        y = x + 1
+        with pytest.raises(RuntimeError, match="already capturing"):
+            g.capture_begin()
+        assert mt.cuda.is_current_stream_capturing()
+    g.replay()
+    close(values(y), values(x) + 1)
 
 
 def test_graph_context_passes_the_capture_error_mode():

@@ -410,6 +410,49 @@ def test_live_blocks_in_private_pools_across_recordings():
     assert live_private_blocks() == base
 
 
+def test_a_kept_graph_context_keeps_neither_the_graph_nor_its_pool():
+    """`with mt.cuda.graph(g) as ctx` (for ctx.capture_stream; torch's gives None): once the block ends the
+    context lets go of the graph and of `pool=`, so deleting two graphs sharing a pool and their outputs gives
+    the pool's segment back while `ctx` lives on (before, ctx.cuda_graph kept the pool in use, 2 MiB reserved)."""
+    xd = rand(1000)
+    x = dev(xd)
+    mt.cuda.empty_cache()
+    reserved0, private0 = mt.cuda.memory_reserved(), private_segments()
+    g1, g2 = mt.cuda.CUDAGraph(), mt.cuda.CUDAGraph()
+    with mt.cuda.graph(g1) as ctx:
+        a = x + 1
+    with mt.cuda.graph(g2, pool=g1.pool(), stream=ctx.capture_stream) as ctx:
+        b = a * 2
+    g1.replay()
+    g2.replay()
+    close(values(b), (xd + 1) * 2)
+    assert len(private_segments(g1.pool())) == 1
+    del g1, g2, a, b
+    gc.collect()
+    mt.cuda.synchronize()
+    mt.cuda.empty_cache()
+    assert private_segments() == private0
+    assert mt.cuda.memory_reserved() == reserved0
+    # a MemPool given as pool= is not kept either
+    mempool = mt.cuda.MemPool()
+    g3 = mt.cuda.CUDAGraph()
+    with mt.cuda.graph(g3, pool=mempool) as ctx:
+        c = x * 3
+    g3.replay()
+    close(values(c), xd * 3)
+    del g3, c, mempool
+    gc.collect()
+    mt.cuda.synchronize()
+    mt.cuda.empty_cache()
+    assert private_segments() == private0
+    assert mt.cuda.memory_reserved() == reserved0
+    assert ctx.capture_stream is not None
+    with pytest.raises(RuntimeError, match="captured its block already"):
+        with ctx:
+            pass
+    assert not mt.cuda.is_current_stream_capturing()
+
+
 # ============================================================================================== failed captures
 def _check_no_pool_left(reserved0, private0):
     gc.collect()
@@ -583,6 +626,65 @@ def test_record_stream_in_capture_defers_reuse_until_the_capture_ends():
     assert r.data_ptr() == recorded
     g2.replay()
     close(values(r), xd * 4)
+
+
+def test_two_captures_into_one_pool_end_in_either_order():
+    """g2 captures into g1's pool while g1 still captures, and g1 ends first: g2's later allocations still come
+    from the pool, and eager work on g1's stream from the general cache (g1's end closed g2's route before)."""
+    xd = rand(256)
+    x = dev(xd)
+    x + 1  # the kernel loaded before the captures
+    s1 = other_stream()
+    s2 = other_stream(s1)
+    g1, g2 = mt.cuda.CUDAGraph(), mt.cuda.CUDAGraph()
+    with mt.cuda.stream(s1):
+        g1.capture_begin(capture_error_mode="relaxed")
+        a = x + 1
+    try:
+        with mt.cuda.stream(s2):
+            g2.capture_begin(pool=g1.pool(), capture_error_mode="relaxed")
+            b = x + 2
+    except BaseException:
+        g1.abort_capture()
+        raise
+    with mt.cuda.stream(s1):
+        g1.capture_end()
+    with mt.cuda.stream(s2):
+        c = x + 3  # g2 still captures
+    with mt.cuda.stream(s1):
+        d = x + 4  # eager, after g1's capture
+    with mt.cuda.stream(s2):
+        g2.capture_end()
+    assert [pool_of(t) for t in (a, b, c)] == [g1.pool()] * 3
+    assert pool_of(d) == GENERAL
+    g1.replay()
+    g2.replay()
+    close(values(a), xd + 1)
+    close(values(c), xd + 3)
+    close(values(d), xd + 4)
+
+
+def test_use_mem_pool_contexts_of_two_threads_exit_in_either_order():
+    pool = mt.cuda.MemPool()
+    entered, first_left, done = threading.Event(), threading.Event(), threading.Event()
+    pools = {}
+
+    def second():
+        with mt.cuda.use_mem_pool(pool):
+            entered.set()
+            first_left.wait(10)
+            pools["second, inside"] = pool_of(mt.empty(1000, device=DEV))
+        done.set()
+    worker = threading.Thread(target=second)
+    with mt.cuda.use_mem_pool(pool):
+        worker.start()
+        assert entered.wait(10)
+    first_left.set()  # this thread's context exits first
+    pools["first, outside"] = pool_of(mt.empty(1000, device=DEV))
+    worker.join(10)
+    assert done.is_set()
+    assert pools == {"second, inside": pool.id, "first, outside": GENERAL}
+    assert pool.use_count() == 1
 
 
 def test_reset_while_a_replay_is_in_flight():

@@ -207,6 +207,20 @@ def test_active_stats_wait_for_recorded_streams():
     assert final["allocated_bytes.current"] == before["allocated_bytes.current"] - size
 
 
+def test_freeing_a_pinned_block_a_finished_copy_used_leaves_the_stream_idle():
+    """The free records an event on the copy's stream; with nothing pending there it is complete at once, so the
+    stream still reports idle, as a GPU's does (the simulator queued the record and said busy until its worker ran
+    it)."""
+    p = mt.ones(1 << 20, pin_memory=True)
+    g = p.to("cuda", non_blocking=True)
+    mt.cuda.synchronize()
+    x = mt.ones(3).cuda()  # a blocking copy: the stream is idle after it
+    del p  # the free records an event on the stream the non_blocking copy ran on
+    assert mt.cuda.current_stream().query()
+    assert x.cpu().tolist() == [1.0, 1.0, 1.0]
+    assert float(g[-1].cpu().item()) == 1.0
+
+
 # ============================================================================================== settings
 def _register_mode():
     """torch's test_pinned_memory_with_cudaregister (sizes cut down for the simulator)."""

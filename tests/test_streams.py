@@ -864,6 +864,20 @@ def test_an_event_destroyed_inside_a_locked_simulator_section_does_not_deadlock(
     assert not worker.is_alive(), "event_destroy waited for a lock its own thread holds"
 
 
+def test_an_event_recorded_on_an_idle_stream_leaves_it_idle():
+    """Recording an event on a stream with nothing pending completes the event at once, and waiting for a
+    completed event is no work: both streams still report idle (the simulator queued both and said busy until
+    their workers ran them)."""
+    side, other = mt.cuda.Stream(), mt.cuda.Stream()
+    mt.cuda.synchronize()
+    event = side.record_event()
+    assert side.query() and event.query()
+    other.wait_event(event)
+    assert other.query()
+    mt.cuda.current_stream().wait_stream(side)
+    assert mt.cuda.current_stream().query()
+
+
 def test_a_second_simulator_does_not_hang_the_exit():
     """Each simulator takes the interpreter's lock for good at exit; a second one (the test above makes one)
     must not then wait for it for ever."""

@@ -3,10 +3,10 @@
 Each device is one lazily committed anonymous mapping of MINITENSOR_SIM_MEMORY bytes; device pointers
 are real host addresses inside it, so Triton's interpreter can run the same kernels on them. Every stream
 is an in-order queue drained by its own worker thread, so work really runs after the call that enqueued
-it returns: `query()` is False while work is pending, events complete when the stream reaches them, and
-cross-stream waits block only the waiting stream. Work that raises on a worker is kept by its stream and raised
-once, never dropped, by the next synchronising call that waits for that stream (its synchronize, an event
-recorded on it, or the device's synchronize).
+it returns: `query()` is False while work is pending, events complete when the stream reaches them (at once
+on an idle stream), and cross-stream waits block only the waiting stream. Work that raises on a worker is kept by
+its stream and raised once, never dropped, by the next synchronising call that waits for that stream (its
+synchronize, an event recorded on it, or the device's synchronize).
 
 At exit every stream stops after the item it is running, and the process waits only for a kernel inside
 Triton's interpreter (which must not be running while Python finalises): not for a sleep, a gate or an event
@@ -26,10 +26,10 @@ import uuid
 
 import numpy as np
 
-from ..base.errors import CudaError, OutOfMemoryError
+from ..base.errors import CudaError
 from .base import DeviceProperties, Driver, ThreadDevice
 from .sim_graphs import SimGraphs, capture_error
-from .sim_memory import ALIGNMENT, Arena
+from .sim_memory import ALIGNMENT, SimMemory
 from .sim_vmm import SimVmm
 
 _ERRORS = {
@@ -69,7 +69,9 @@ class _Stream:
         self.capture = None  # the sim_graphs.Capture recording this stream's work instead of running it
         threading.Thread(target=self._run, daemon=True, name=f"minitensor-sim-stream-{device}").start()
 
-    def enqueue(self, work):
+    def enqueue(self, work, at_once_if_idle=False):
+        """Queue `work` after what was enqueued before; with `at_once_if_idle`, run it now when nothing is
+        pending (an event recorded on an idle stream is complete when recorded, so query() stays True)."""
         capture = self.capture
         if capture is not None:
             capture.record(self, work)
@@ -77,6 +79,8 @@ class _Stream:
         with self.cond:
             if self.closed:
                 raise CudaError(4, _ERRORS[4])
+            if at_once_if_idle and self.completed == self.enqueued:
+                return work()
             self.items.append(work)
             self.enqueued += 1
             self.cond.notify_all()
@@ -175,7 +179,7 @@ def _env_int(name, default, least, what):
     return value
 
 
-class SimDriver(SimGraphs, SimVmm, Driver):
+class SimDriver(SimGraphs, SimMemory, SimVmm, Driver):
     name = "sim"
     interprets_kernels = True
     host_waits = True  # a stream is a host thread: it can sleep, or wait for a gate, itself
@@ -219,11 +223,6 @@ class SimDriver(SimGraphs, SimVmm, Driver):
                                 multi_processor_count=1, major=9, minor=0, shared_memory_per_block_optin=227 * 1024,
                                 uuid=uuid.UUID(bytes=hashlib.md5(f"minitensor-sim-{device}".encode()).digest()))
 
-    def mem_get_info(self, device):
-        arena = self._arenas[device]
-        used = arena.used if arena is not None else 0
-        return self._capacity - used, self._capacity
-
     def set_device(self, device):
         self._tls.device = device
 
@@ -250,30 +249,7 @@ class SimDriver(SimGraphs, SimVmm, Driver):
         if errors:
             raise errors[0][1]
 
-    # ------------------------------------------------------------------ memory
-    def _arena(self, device):
-        arena = self._arenas[device]
-        if arena is None:
-            with self._lock:
-                if self._arenas[device] is None:
-                    self._arenas[device] = Arena(self._capacity)
-                arena = self._arenas[device]
-        return arena
-
-    def malloc(self, device, nbytes):
-        ptr = self._arena(device).malloc(nbytes)
-        if ptr is None:
-            raise OutOfMemoryError(f"CUDA error 2: {_ERRORS[2]} (simulated device {device} has "
-                                   f"{self._capacity} bytes)")
-        return ptr
-
-    def free(self, device, ptr):
-        # cuMemFree waits for the device's work; so does the simulation, or queued kernels could
-        # write into memory that a later malloc hands out again.
-        for stream in self._device_streams(device):
-            stream.drain()
-        self._arena(device).free(ptr)
-
+    # ------------------------------------------------------------------ memory (device memory: sim_memory.py)
     def host_alloc(self, nbytes):
         m = mmap.mmap(-1, max(nbytes, 1))
         ptr = ctypes.addressof(ctypes.c_char.from_buffer(m))
@@ -402,7 +378,7 @@ class SimDriver(SimGraphs, SimVmm, Driver):
             capture.waited(s, mark.position)
         elif s.capture is not None:
             raise s.capture.invalidate(905)
-        else:
+        elif not mark.done.is_set():  # waiting for a completed event is no work: an idle stream stays idle
             s.enqueue(mark.done.wait)
 
     def enqueue(self, stream, work, interpreted=False):
@@ -435,7 +411,7 @@ class SimDriver(SimGraphs, SimVmm, Driver):
     def event_record(self, event, stream):
         e, s = self._event(event), self._stream(stream)
         mark = _Mark(s)
-        s.enqueue(mark.complete)
+        s.enqueue(mark.complete, at_once_if_idle=True)
         if s.capture is not None:
             mark.capture, mark.position = s.capture, s.capture.position(s)
             s.capture.marks.append(mark)

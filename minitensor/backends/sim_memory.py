@@ -1,10 +1,11 @@
 """The simulated device's memory (backends/sim.py): one reserved anonymous mapping per device, cut first-fit; the
-pages mapped into expandable segments (sim_vmm.py) count against the same capacity."""
+pages mapped into expandable segments (sim_vmm.py) count against the same capacity. `SimMemory` holds the
+driver's calls over it."""
 import ctypes
 import mmap
 import threading
 
-from ..base.errors import CudaError
+from ..base.errors import CudaError, OutOfMemoryError
 
 ALIGNMENT = 512
 
@@ -86,3 +87,36 @@ class Arena:
         with self.lock:
             return next(((self.base + start, size) for start, size in self.sizes.items()
                          if start <= offset < start + size), None)
+
+
+class SimMemory:
+    """SimDriver's device memory calls (a mixin: they share its lock and streams). State, set by the driver:
+    `_arenas`, one Arena per device or None until first used; `_capacity`, each one's bytes."""
+
+    def mem_get_info(self, device):
+        arena = self._arenas[device]
+        used = arena.used if arena is not None else 0
+        return self._capacity - used, self._capacity
+
+    def _arena(self, device):
+        arena = self._arenas[device]
+        if arena is None:
+            with self._lock:
+                if self._arenas[device] is None:
+                    self._arenas[device] = Arena(self._capacity)
+                arena = self._arenas[device]
+        return arena
+
+    def malloc(self, device, nbytes):
+        ptr = self._arena(device).malloc(nbytes)
+        if ptr is None:
+            raise OutOfMemoryError(f"CUDA error 2: out of memory (simulated device {device} has "
+                                   f"{self._capacity} bytes)")
+        return ptr
+
+    def free(self, device, ptr):
+        # cuMemFree waits for the device's work; so does the simulation, or queued kernels could
+        # write into memory that a later malloc hands out again.
+        for stream in self._device_streams(device):
+            stream.drain()
+        self._arena(device).free(ptr)

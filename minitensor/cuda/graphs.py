@@ -115,15 +115,17 @@ class CUDAGraph:
         self._pool = None  # the id of the private pool the graph holds a use of
         self._device = None
         self._rng = ()  # its GraphRngs
-        self._started = False
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
         if capture_error_mode not in MODES:
             raise ValueError(f"capture_error_mode must be one of {', '.join(map(repr, MODES))}, got "
                              f"{capture_error_mode!r}")
-        if self._started:
+        if self._capture is not None:
+            raise RuntimeError("This CUDAGraph instance is already capturing a graph (end or abort that capture "
+                               "first)")
+        if self._exec is not None:
             raise RuntimeError("This CUDAGraph instance already owns a captured graph. To capture a new graph, "
-                               "create a new instance.")
+                               "create a new instance or call reset() first.")
         pool_id = (_next_id(), 0) if pool is None else _pool_id(pool)
         device = current_device()
         stream = current_stream_handle(device)
@@ -138,11 +140,11 @@ class CUDAGraph:
         try:
             active_driver().stream_begin_capture(stream, capture_error_mode)
         except BaseException:
-            allocator.end_allocate_to_pool(pool_id)
+            allocator.end_allocate_to_pool(pool_id, capture.streams.__contains__)
             allocator.release_pool(pool_id)
             raise
         capturing.begin(capture)
-        self._capture, self._pool, self._device, self._started = capture, pool_id, device, True
+        self._capture, self._pool, self._device = capture, pool_id, device
 
     def capture_end(self):
         capture = self._capture
@@ -196,7 +198,8 @@ class CUDAGraph:
             active_driver().graph_launch(self._exec, stream)
 
     def reset(self):
-        """Drop the graph and give up its private pool (freed by empty_cache once its outputs are gone)."""
+        """Drop the graph and give up its private pool (freed by empty_cache once its outputs are gone); the
+        instance can then capture again, as torch's."""
         if self._capture is not None:
             raise RuntimeError("reset() called while the graph's capture is underway; end it first")
         if self._exec is not None:
@@ -222,7 +225,7 @@ class CUDAGraph:
 
     def _end(self, capture):
         capturing.end(capture)
-        memory.allocator(capture.device).end_allocate_to_pool(capture.pool)
+        memory.allocator(capture.device).end_allocate_to_pool(capture.pool, capture.streams.__contains__)
         self._capture = None
         self._rng = tuple(capture.rng.values())
 
@@ -250,7 +253,11 @@ class CUDAGraph:
 class graph:
     """`with mt.cuda.graph(g):` captures the block into `g`, on `stream` or else a side stream kept for
     captures, after synchronizing the device and emptying the cache, as torch does (which no longer runs
-    gc.collect() there by default: it costs milliseconds per capture)."""
+    gc.collect() there by default: it costs milliseconds per capture).
+
+    `with ... as ctx` gives the context (torch gives None), for its `capture_stream`. Once the block ends it
+    holds neither the graph nor the pool: a `ctx` kept after the caller deleted the graph would otherwise keep
+    the graph's pool in use, its memory reserved for good."""
 
     default_capture_streams = {}  # device index -> the side stream captures use by default
 
@@ -267,6 +274,9 @@ class graph:
         self._stream = stream_context(stream)
 
     def __enter__(self):
+        if self.cuda_graph is None:
+            raise RuntimeError("this mt.cuda.graph context has captured its block already; make a new one for "
+                               "another capture")
         synchronize()
         memory.empty_cache()
         self._stream.__enter__()
@@ -278,11 +288,12 @@ class graph:
         return self
 
     def __exit__(self, exc_type, exc, traceback):
+        cuda_graph, self.cuda_graph, self.pool = self.cuda_graph, None, None  # the caller's to keep, not ours
         try:
             if exc_type is None:
-                self.cuda_graph.capture_end()
+                cuda_graph.capture_end()
             else:
-                self.cuda_graph.abort_capture()
+                cuda_graph.abort_capture()
         finally:
             self._stream.__exit__(None, None, None)
         return False

@@ -55,15 +55,23 @@ class use_mem_pool:
         self.device = pool.device if device is None else index_of(device)
         if self.device != pool.device:
             raise ValueError(f"use_mem_pool(): the pool belongs to cuda:{pool.device}, not cuda:{self.device}")
+        self._routes = []  # (thread, matches) of the routes this context opened: each exit closes its thread's
 
     def __enter__(self):
         thread = threading.get_ident()
-        memory.allocator(self.device).begin_allocate_to_pool(
-            self.pool.id, lambda stream: threading.get_ident() == thread, False)
+
+        def matches(stream):
+            return threading.get_ident() == thread
+        memory.allocator(self.device).begin_allocate_to_pool(self.pool.id, matches, False)
+        self._routes.append((thread, matches))
         return self.pool
 
     def __exit__(self, *exc):
+        thread = threading.get_ident()
+        mine = [i for i, (opener, _) in enumerate(self._routes) if opener == thread]
+        if not mine:
+            raise RuntimeError("use_mem_pool(): exited on a thread that did not enter it")
         allocator = memory.allocator(self.device)
-        allocator.end_allocate_to_pool(self.pool.id)
+        allocator.end_allocate_to_pool(self.pool.id, self._routes.pop(mine[-1])[1])
         allocator.release_pool(self.pool.id)
         return False
