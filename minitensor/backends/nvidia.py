@@ -18,6 +18,10 @@ from .mapped_pages import MappedPages
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
 _OOM = cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 _NOT_READY = cu.CUresult.CUDA_ERROR_NOT_READY
+# cuEventCreate's flags by (enable_timing, blocking), made once: an enum's construction costs more than the call
+_EVENT_FLAGS = {(timing, blocking): (0 if timing else int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+                | (int(cu.CUevent_flags.CU_EVENT_BLOCKING_SYNC) if blocking else 0)
+                for timing in (False, True) for blocking in (False, True)}
 _MODES = {"global": cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
           "thread_local": cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
           "relaxed": cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED}
@@ -355,10 +359,7 @@ class NvidiaDriver(Driver):
     # ------------------------------------------------------------------ events
     def event_create(self, device, enable_timing, blocking):
         self.set_device(device)
-        flags = 0 if enable_timing else cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        if blocking:
-            flags |= cu.CUevent_flags.CU_EVENT_BLOCKING_SYNC
-        return int(_check(cu.cuEventCreate(int(flags))))
+        return int(_check(cu.cuEventCreate(_EVENT_FLAGS[bool(enable_timing), bool(blocking)])))
 
     def event_destroy(self, event):
         _check(cu.cuEventDestroy(event))

@@ -14,6 +14,7 @@ from ..base.arguments import int_arg
 from ..base.device import device as _Device
 from . import capturing
 from .device_errors import raise_pending
+from .devices import _DEVICES as _CUDA_DEVICES  # the canonical cuda devices, by an index index_of checked
 from .devices import cuda_device, current_device, index_of, registered_device, set_device
 
 _POOL_SIZE = 32
@@ -292,7 +293,8 @@ class ExternalStream(Stream):
 
 def current_stream(device=None):
     index = index_of(device)
-    return Stream(index, _handle=_CUDA.current_handles()[index])
+    canonical = _CUDA_DEVICES[index] if _CUDA_DEVICES else cuda_device(index)  # cuda_device fills the list
+    return _known_stream(Stream, _CUDA, canonical, _CUDA.current_handles()[index])
 
 
 def default_stream(device=None):
@@ -301,8 +303,22 @@ def default_stream(device=None):
 
 def current_stream_of(table, device=None):
     """The current stream of a device of `table`'s type (None: its current device), as the type's Stream."""
-    index = table.device_of(device).index
-    return table.stream_class(index, _handle=table.current_handles()[index])
+    d = table.device_of(device)
+    return _known_stream(table.stream_class, table, d, table.current_handles()[d.index])
+
+
+def _known_stream(cls, table, device, handle):
+    """A `cls` for a handle known to be `device`'s current stream (`device` canonical): the Stream that
+    current_stream() returns, built without __init__'s checks of what is already checked (a hot path: an
+    Event().record() makes one)."""
+    s = object.__new__(cls)
+    s._table, s.device, s.priority, s.cuda_stream, s._saved = table, device, 0, handle, []
+    return s
+
+
+def _direct(fn, *args):
+    """A driver call on the current device: what Stream._on_device does for a stream of that device."""
+    return fn(*args)
 
 
 def set_stream(s):
@@ -376,18 +392,21 @@ class GenericEvent:
     def record(self, stream=None):
         """Record on `stream` (default: the current stream of the event's device type). The first record
         creates the event on that stream's device, which every later record must use."""
-        stream = current_stream_of(self._table) if stream is None else checked_stream(stream,
-                                                                                      "record(): argument 'stream'")
+        if stream is None:
+            stream, call = current_stream_of(self._table), _direct  # on the current device: no switch
+        else:
+            stream = checked_stream(stream, "record(): argument 'stream'")
+            call = stream._on_device
         if self._device_type is not None and stream._table.type_name != self._device_type:
             raise ValueError(f"a {self._device_type} event cannot be recorded on a {stream._table.type_name} stream")
         if self._handle is None:
             self._table, self._device = stream._table, stream.device
-            self._handle = stream._on_device(self._table.driver().event_create, stream.device.index,
-                                             self.enable_timing, self.blocking)
+            self._handle = call(self._table.driver().event_create, stream.device.index, self.enable_timing,
+                                self.blocking)
         elif stream.device != self._device:
             raise RuntimeError(f"Event device {self._device} does not match recording stream's device "
                                f"{stream.device}")
-        stream._on_device(self._table.driver().event_record, self._handle, stream.cuda_stream)
+        call(self._table.driver().event_record, self._handle, stream.cuda_stream)
         captures = capturing.by_stream and stream._table.checks_cuda
         self._capture = capturing.by_stream.get(stream.cuda_stream) if captures else None
 
