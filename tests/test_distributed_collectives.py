@@ -127,6 +127,13 @@ def test_one_rank_group(one_rank):
     assert dist.get_process_group_ranks(dist.group.WORLD) == [0] and dist.get_group_rank(None, 0) == 0
 
 
+def test_work_waits_up_to_timedelta_max(one_rank):
+    """torch's "forever": every wait caps it, none overflows a lock's timeout."""
+    t = cuda([1.0, 2.0])
+    work = dist.all_reduce(t, async_op=True)
+    assert work.wait(timeout=datetime.timedelta.max) and work.is_success()
+
+
 def error_cases():
     t, c = cuda([1.0, 2.0]), cuda([1 + 1j])
     return [

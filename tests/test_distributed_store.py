@@ -15,7 +15,7 @@ from minitensor.distributed.errors import DistError, DistNetworkError, DistStore
 from minitensor.distributed.file_store import FileStore
 from minitensor.distributed.rendezvous import rendezvous
 from minitensor.distributed.store import PrefixStore, Store
-from minitensor.distributed import tcp_store
+from minitensor.distributed import tcp_server
 from minitensor.distributed.tcp_store import TCPStore
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -243,14 +243,14 @@ def test_a_reply_in_flight_outlives_the_masters_close(monkeypatch):
     other ranks set, then ending, must not cut off the last setter's reply (the serving thread here pauses
     between storing the key and replying, as a descheduled one would)."""
     stored = threading.Event()
-    original = tcp_store._Table.set
+    original = tcp_server._Table.set
 
     def set_then_pause(table, key, value):
         reply = original(table, key, value)
         stored.set()
         time.sleep(0.3)
         return reply
-    monkeypatch.setattr(tcp_store._Table, "set", set_then_pause)
+    monkeypatch.setattr(tcp_server._Table, "set", set_then_pause)
     masters = [TCPStore("127.0.0.1", 0, is_master=True, timeout=LONG)]
     client = TCPStore("127.0.0.1", masters[0].port, timeout=LONG)
     closer = threading.Thread(target=lambda: stored.wait(30) and masters.clear())  # the last reference: it closes

@@ -2,6 +2,10 @@
 
 The file is a log: each change appends one record (set or delete, key, value) under an exclusive `flock`, after
 reading the records other processes appended since, so `add` and `compare_set` are atomic across processes.
+Records check themselves: a marker, the kind, the key's and the value's lengths and a CRC-32 of all of them. A
+writer killed inside a record (or stopped by a full disk) leaves it torn; readers skip it, like anything else
+that does not check, up to the next marker, so they neither take a truncated value for whole nor lose the
+records written after it (no record is being written while a reader holds its lock).
 Each process keeps the keys it has read and its position in the file, and reads only what is new. `get` and
 `wait` read again with a growing pause (1 ms to 50 ms) until the keys appear or the timeout passes. As in
 torch, each store counts itself in and out of the file; the last of `world_size` users to go removes it
@@ -15,11 +19,14 @@ import struct
 import threading
 import time
 import weakref
+import zlib
 
 from .errors import DistStoreError
 from .store import DEFAULT_TIMEOUT, Store, added, compare_set_outcome
 
-_LENGTH = struct.Struct("!I")
+_MARKER = b"\x89MTstore"  # starts every record; a byte that is not ASCII makes text unlikely to hold it
+_HEADER = struct.Struct("!cII")  # kind, key length, value length
+_CRC = struct.Struct("!I")  # of the header, the key and the value
 _SET, _DELETE = b"S", b"D"
 _USER = "/"  # user keys are kept as "/key", so the two counters below never meet a user's key
 _USERS, _FINISHED = "refcount", "cleanup"
@@ -27,15 +34,28 @@ _MAX_PAUSE_S = 0.05
 
 
 def _record(kind, key, value=b""):
-    key = key.encode()
-    return kind + _LENGTH.pack(len(key)) + key + _LENGTH.pack(len(value)) + value
+    body = _HEADER.pack(kind, len(key.encode()), len(value)) + key.encode() + value
+    return _MARKER + _CRC.pack(zlib.crc32(body)) + body
 
 
-def _field(data, at):
-    """(the length-prefixed bytes at `at`, the offset after them)."""
-    (size,) = _LENGTH.unpack_from(data, at)
-    start = at + _LENGTH.size
-    return data[start:start + size], start + size
+def _parse(data, at):
+    """(kind, key, value, the offset after the record) of a whole record that checks at `at`, else None."""
+    body_at = at + len(_MARKER) + _CRC.size
+    if data[at:at + len(_MARKER)] != _MARKER or len(data) < body_at + _HEADER.size:
+        return None
+    kind, key_size, value_size = _HEADER.unpack_from(data, body_at)
+    end = body_at + _HEADER.size + key_size + value_size
+    if end > len(data) or kind not in (_SET, _DELETE):
+        return None
+    (crc,) = _CRC.unpack_from(data, at + len(_MARKER))
+    if zlib.crc32(memoryview(data)[body_at:end]) != crc:
+        return None
+    key_at = body_at + _HEADER.size
+    try:
+        key = data[key_at:key_at + key_size].decode()
+    except UnicodeDecodeError:
+        return None
+    return kind, key, data[key_at + key_size:end], end
 
 
 class _Log:
@@ -71,25 +91,30 @@ class _Log:
         data = os.pread(fd, stat.st_size - self._read_up_to, self._read_up_to)
         at = 0
         while at < len(data):
-            kind = data[at:at + 1]
-            key, at = _field(data, at + 1)
-            value, at = _field(data, at)
-            if kind == _SET:
-                self.values[key.decode()] = value
-            else:
-                self.values.pop(key.decode(), None)
+            record = _parse(data, at)
+            if record is None:  # torn or damaged: the next record starts at a later marker, if any
+                found = data.find(_MARKER, at + 1)
+                at = len(data) if found < 0 else found
+                continue
+            kind, key, value, at = record
+            self._apply(kind, key, value)
         self._read_up_to = stat.st_size
 
-    def append(self, kind, key, value=b""):
-        """Appends a record (holding the exclusive lock) and applies it to the view."""
-        record = _record(kind, key, value)
-        self._read_up_to += len(record)
-        while record:  # a write to a file is whole unless a signal or a full disk cut it short
-            record = record[os.write(self._fd, record):]
+    def _apply(self, kind, key, value):
         if kind == _SET:
             self.values[key] = value
         else:
             self.values.pop(key, None)
+
+    def append(self, kind, key, value=b""):
+        """Appends a record (holding the exclusive lock) and applies it to the view once it is all written; a
+        write that fails part way leaves a torn record, which every reader skips."""
+        record = memoryview(_record(kind, key, value))
+        written = 0
+        while written < len(record):  # a write to a file is whole unless a signal or a full disk cut it short
+            written += os.write(self._fd, record[written:])
+        self._read_up_to += len(record)
+        self._apply(kind, key, value)
 
     def add(self, key, amount):
         value = added(self.values.get(key), key.removeprefix(_USER), amount)

@@ -15,7 +15,7 @@ from ..backends import active_driver
 from ..cuda import devices
 from . import engine_mpi, engine_nccl, mpi_world
 from .rendezvous import rendezvous
-from .store import PrefixStore, check_timeout
+from .store import PrefixStore, check_timeout, timeout_seconds
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
 NOT_INITIALIZED = "Default process group has not been initialized, please make sure to call init_process_group."
@@ -100,7 +100,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     _world.inits, _world.made = _world.inits + 1, 0
     _world.store = None if store is None else PrefixStore(f"default_pg/{_world.inits}", store)
     try:
-        engine = _default_engine(backend, rank, world_size, device, timeout.total_seconds())
+        engine = _default_engine(backend, rank, world_size, device, timeout_seconds(timeout))
     except BaseException:
         _world.store = None  # a failed init leaves the process as it was: init may be called again
         raise
@@ -187,11 +187,11 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     number = _world.made
     member = rank in ranks
     if default._backend == "mpi":
-        comm = mpi_world.split(_world.mpi_parent, ranks, rank, timeout.total_seconds())
-        engine = engine_mpi.MpiEngine(comm, default._device, timeout.total_seconds()) if member else None
+        comm = mpi_world.split(_world.mpi_parent, ranks, rank, timeout_seconds(timeout))
+        engine = engine_mpi.MpiEngine(comm, default._device, timeout_seconds(timeout)) if member else None
     elif member:
         engine = engine_nccl.create(PrefixStore(f"group_{number}", _world.store), ranks.index(rank), len(ranks),
-                                    default._device, timeout.total_seconds())
+                                    default._device, timeout_seconds(timeout))
     else:
         engine = None
     made = ProcessGroup(ranks, ranks.index(rank) if member else -1, engine, default._backend, default._device,

@@ -4,31 +4,37 @@
     python -m minitensor.distributed.run --nproc-per-node 2 -m package.train
 
 Starts `--nproc-per-node` fresh interpreters (`python -u`, as torchrun: a new process, never a fork of one
-that holds a device), each in a session of its own with torchrun's variables: MASTER_ADDR, MASTER_PORT (a free
-port unless given), WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, and
-OMP_NUM_THREADS=1 when unset and there is more than one process. The children's output is echoed as it comes,
-keeping each one's last lines. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to every child. It fails
-fast: when a child exits non-zero the others get SIGTERM (SIGKILL after `--shutdown-timeout` seconds), the
-failing rank, its exit code and its last lines are reported, and the launcher exits with that child's code
-(128 + N for a child killed by signal N). It exits 0 when every child does. Where mpi4py and MPICH's wheel are
-installed, each child is an MPI job of one (`mpiexec -n 1 python ...`, see `--mpiexec`), so that the MPI
-backend can join the ranks; mpiexec forwards signals and passes exit codes through.
+that holds a device), each in a session (so a process group) of its own with torchrun's variables: MASTER_ADDR,
+MASTER_PORT (a free port unless given), WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+GROUP_WORLD_SIZE, and OMP_NUM_THREADS=1 when unset and there is more than one process.
+
+The ranks' output passes through as it comes, newline or not (a progress bar's `\\r` steps show at once; only
+the end of a line still being written waits, 0.1 s at most, for its rest, so that the ranks' lines stay whole);
+the last 64 KiB of each is kept for the failure report. It fails fast, as torchrun: when a rank exits
+non-zero (a thread per rank sees it end at once), every rank's process group gets SIGTERM, an ended rank's too
+(what it started, data-loader workers or a server, ends with it), and SIGKILL after `--shutdown-timeout`
+seconds for what is left. SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to the launcher stop them the same way,
+with that signal. A process the ranks started that outlives its parent comes to the launcher (a child
+subreaper), which stops it at once, SIGTERM then SIGKILL (run_children.py). The report names the first rank
+seen to fail, its exit code (-N for signal N) and its last lines. The exit code is torchrun's: 0 when every
+rank exits 0, else 1. Where mpi4py and MPICH's wheel are installed, each rank is an MPI job of one (`mpiexec -n
+1 python ...`, see `--mpiexec`), so that the MPI backend can join the ranks: mpiexec forwards signals and
+passes exit codes through.
 """
 import argparse
-import collections
+import datetime
 import importlib.util
 import os
+import queue
+import secrets
 import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
 
-_TAIL_LINES = 20
-_POLL_S = 0.05
+from .run_children import TAIL_LINES, Leftovers, Rank, become_subreaper, settle, stop
+
+_SWEEP_S = 0.05  # how often the launcher looks for leftovers (run_children.py)
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-_echo_lock = threading.Lock()  # one line at a time on the launcher's output, whichever child wrote it
 
 
 def _parser():
@@ -85,61 +91,6 @@ def _environment(args, port, local_rank):
     return env
 
 
-class _Worker:
-    """One child process: its ranks, and the last lines it wrote (stdout and stderr), echoed as they come."""
-
-    def __init__(self, command, env, rank, local_rank):
-        self.rank, self.local_rank = rank, local_rank
-        self.tail = collections.deque(maxlen=_TAIL_LINES)
-        # a session of its own: a terminal's Ctrl-C reaches the launcher once, which forwards it once, and
-        # stopping the process group also stops what the child started
-        self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=True)
-        self._readers = [threading.Thread(target=self._echo, args=(pipe, out), daemon=True)
-                         for pipe, out in ((self.process.stdout, sys.stdout), (self.process.stderr, sys.stderr))]
-        for reader in self._readers:
-            reader.start()
-
-    def _echo(self, pipe, out):
-        for line in iter(pipe.readline, b""):
-            self.tail.append(line)
-            with _echo_lock:
-                out.buffer.write(line)
-                out.buffer.flush()
-        pipe.close()
-
-    def signal(self, signum):
-        try:
-            os.killpg(self.process.pid, signum)
-        except ProcessLookupError:  # the child and everything it started are gone
-            pass
-
-    def finish_echo(self, timeout_s=1.0):
-        """Waits for the rest of the child's output, unless something it started holds the pipe open."""
-        for reader in self._readers:
-            reader.join(timeout_s)
-
-
-def _stop(workers, signum, shutdown_timeout):
-    """Sends `signum` to every running child, SIGKILL to those alive after `shutdown_timeout` seconds."""
-    running = [worker for worker in workers if worker.process.poll() is None]
-    for worker in running:
-        worker.signal(signum)
-    deadline = time.monotonic() + shutdown_timeout
-    for worker in running:
-        try:
-            worker.process.wait(max(deadline - time.monotonic(), 0))
-        except subprocess.TimeoutExpired:
-            worker.signal(signal.SIGKILL)
-            worker.process.wait()
-    for worker in workers:
-        worker.finish_echo()
-
-
-def _exit_code(returncode):
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def _signal_name(signum):
     try:
         return signal.Signals(signum).name
@@ -147,35 +98,43 @@ def _signal_name(signum):
         return f"signal {signum}"
 
 
-def _report(worker, name):
-    """torchrun's failure summary, with the failing child's last lines instead of an error file."""
-    code = worker.process.returncode
+def _report(rank, name):
+    """torchrun's failure summary of the first rank seen to fail, with its last lines instead of an error file."""
+    code = rank.exit_code
     how = f" ({_signal_name(-code)})" if code < 0 else ""
-    lines = [line.decode(errors="replace").rstrip("\n") for line in worker.tail]
+    when = datetime.datetime.fromtimestamp(rank.ended_at).isoformat(sep="_", timespec="milliseconds")
     border, title = "=" * 60, f"{name} FAILED"
-    print("\n".join([border, title, "-" * 60, "Root Cause (first observed failure):",
-                     f"  rank      : {worker.rank} (local_rank: {worker.local_rank})",
-                     f"  exitcode  : {code} (pid: {worker.process.pid}){how}",
-                     f"  last output (up to {_TAIL_LINES} lines):", *(f"    {line}" for line in lines), border]),
-          file=sys.stderr, flush=True)
+    print("\n".join([border, title, "-" * 60, "Root Cause (first observed failure):", f"  time      : {when}",
+                     f"  rank      : {rank.rank} (local_rank: {rank.local_rank})",
+                     f"  exitcode  : {code} (pid: {rank.process.pid}){how}",
+                     f"  last output (up to {TAIL_LINES} lines):", *(f"    {line}" for line in rank.tail.lines()),
+                     border]), file=sys.stderr, flush=True)
 
 
-def _supervise(workers, received, args):
-    """The launcher's exit code, once every child has succeeded, one has failed, or a signal came."""
-    while True:
-        if received:
-            _stop(workers, received[0], args.shutdown_timeout)
-            return 128 + received[0]
-        failed = [worker for worker in workers if worker.process.poll() not in (None, 0)]
-        if failed:
-            _stop(workers, signal.SIGTERM, args.shutdown_timeout)
-            _report(failed[0], args.training_script)
-            return _exit_code(failed[0].process.returncode)
-        if all(worker.process.returncode == 0 for worker in workers):
-            for worker in workers:
-                worker.finish_echo()
-            return 0
-        time.sleep(_POLL_S)
+def _supervise(ranks, events, args):
+    """The launcher's exit code, torchrun's: 0 once every rank has exited 0; 1 once one has failed (reported)
+    or the launcher got a signal, after stopping every rank's process group. `events` has the ranks' ends and
+    the signals in the order they came; between them, leftovers are stopped as they come."""
+    leftovers = Leftovers(ranks)
+    running = set(ranks)
+    while running:
+        leftovers.sweep(args.shutdown_timeout)
+        try:
+            event = events.get(timeout=_SWEEP_S)
+        except queue.Empty:
+            continue
+        if isinstance(event, int):  # a signal
+            stop(ranks, leftovers, event, args.shutdown_timeout)
+            print(f"python -m minitensor.distributed.run: got {_signal_name(event)}, stopped the processes",
+                  file=sys.stderr, flush=True)
+            return 1
+        running.discard(event)
+        if event.exit_code != 0:
+            stop(ranks, leftovers, signal.SIGTERM, args.shutdown_timeout)
+            _report(event, args.training_script)
+            return 1
+    settle(ranks, leftovers, args.shutdown_timeout)
+    return 0
 
 
 def _mpi_prefix(choice):
@@ -195,18 +154,23 @@ def main(argv=None):
     command = [*_mpi_prefix(args.mpiexec), sys.executable, "-u", *(["-m"] if args.module else []),
                args.training_script, *args.training_script_args]
     port = args.master_port or _free_port()
-    received = []
+    # the job token rank 0's TCPStore requires of its peers: a random one for a job on one node; the nodes of a
+    # larger job share the one their launchers are given in MINITENSOR_JOB_TOKEN (else there is none)
+    token = os.environ.get("MINITENSOR_JOB_TOKEN") or (secrets.token_hex(16) if args.nnodes == 1 else "")
+    become_subreaper()
+    events = queue.SimpleQueue()  # the ranks' ends and the launcher's signals (put is reentrant)
     for signum in _FORWARDED:
-        signal.signal(signum, lambda number, frame: received.append(number))
-    workers = []
+        signal.signal(signum, lambda number, frame: events.put(number))
+    ranks = []
     try:
         for local_rank in range(args.nproc_per_node):
             rank = args.node_rank * args.nproc_per_node + local_rank
-            workers.append(_Worker(command, _environment(args, port, local_rank), rank, local_rank))
+            env = dict(_environment(args, port, local_rank), MINITENSOR_JOB_TOKEN=token)
+            ranks.append(Rank(command, env, rank, local_rank, events))
     except BaseException:  # e.g. the interpreter could not start: stop those already running
-        _stop(workers, signal.SIGTERM, args.shutdown_timeout)
+        stop(ranks, Leftovers(ranks), signal.SIGTERM, args.shutdown_timeout)
         raise
-    return _supervise(workers, received, args)
+    return _supervise(ranks, events, args)
 
 
 if __name__ == "__main__":

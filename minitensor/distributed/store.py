@@ -1,8 +1,10 @@
 """The key-value store ranks meet through: torch's `Store` base class and `PrefixStore`.
 
-`Store` checks every argument once (keys are str, values str or bytes, timeouts non-negative timedeltas) and
-hands the concrete store (TCPStore, FileStore) plain str keys, bytes values and seconds, so each of them only
-moves bytes. Values come back as bytes, as torch returns them.
+`Store` checks every argument once (keys are str, values str or bytes, amounts int64, timeouts non-negative
+timedeltas) and hands the concrete store (TCPStore, FileStore) plain str keys, bytes values and seconds, so each
+of them only moves bytes. Values come back as bytes, as torch returns them. A timeout as long as
+`timedelta.max` (torch's way to say "forever") reaches them as MAX_TIMEOUT_S, which every wait of the system
+can take.
 """
 import abc
 import datetime
@@ -11,6 +13,7 @@ import operator
 from .errors import DistStoreError
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
+MAX_TIMEOUT_S = 1e9  # about 31 years; longer ones overflow socket and lock timeouts (threading.TIMEOUT_MAX)
 
 
 def check_timeout(timeout):
@@ -20,6 +23,11 @@ def check_timeout(timeout):
     if timeout < datetime.timedelta(0):
         raise ValueError(f"timeout must not be negative, got {timeout}")
     return timeout
+
+
+def timeout_seconds(timeout: datetime.timedelta) -> float:
+    """A checked timeout in seconds, at most MAX_TIMEOUT_S: `timedelta.max` waits (practically) forever."""
+    return min(check_timeout(timeout).total_seconds(), MAX_TIMEOUT_S)
 
 
 def as_bytes(value, what):
@@ -39,7 +47,8 @@ def added(current, key, amount):
     try:
         return str(int(current) + amount).encode()
     except ValueError:
-        raise DistStoreError(f"add(): key '{key}' holds {current!r}, not an integer") from None
+        shown = repr(current) if len(current) <= 64 else f"{current[:64]!r}... ({len(current)} bytes)"
+        raise DistStoreError(f"add(): key '{key}' holds {shown}, not an integer") from None
 
 
 def compare_set_outcome(current, expected, desired):
@@ -84,11 +93,14 @@ class Store(abc.ABC):
 
     def get(self, key):
         """The value of `key` as bytes, waiting up to the store's timeout for another process to set it."""
-        return self._get(_key(key, "get"), self.timeout.total_seconds())
+        return self._get(_key(key, "get"), timeout_seconds(self.timeout))
 
     def add(self, key, amount):
         """Adds `amount` to the integer stored at `key` (0 when unset) and returns the sum, atomically."""
-        return self._add(_key(key, "add"), operator.index(amount))
+        amount = operator.index(amount)
+        if not -2**63 <= amount < 2**63:
+            raise OverflowError(f"add(): amount must fit in a 64-bit integer (torch's int64_t), got {amount}")
+        return self._add(_key(key, "add"), amount)
 
     def compare_set(self, key, expected_value, desired_value):
         """Sets `key` to `desired_value` if it holds `expected_value` (or is unset and `expected_value` is
@@ -99,8 +111,7 @@ class Store(abc.ABC):
     def wait(self, keys, timeout=None):
         """Blocks until every key is set; DistStoreError naming the missing ones after `timeout` (default: the
         store's)."""
-        timeout = self.timeout if timeout is None else check_timeout(timeout)
-        self._wait(_keys(keys, "wait"), timeout.total_seconds())
+        self._wait(_keys(keys, "wait"), timeout_seconds(self.timeout if timeout is None else timeout))
 
     def check(self, keys):
         """Whether every key is set, without waiting."""

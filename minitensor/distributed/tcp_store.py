@@ -1,251 +1,63 @@
 """TCPStore: torch's key-value store served over TCP by the master process (rank 0) to every rank.
 
-The master serves on daemon threads: one accepts, one per connection answers that client's requests in order.
-A `get` or `wait` blocks its connection's thread on a condition variable until the keys are set or the timeout
-passes, so waiting costs no polling and no traffic. Messages are a count of parts, then each part's length and
-bytes; a request is [command, *arguments], a reply [status, *values] with status b"ok", b"timeout" (the values
-are the keys still missing) or b"error" (the value is the message). Every TCPStore, the master's included, is a
-client; its threads share its connections, each used by one request at a time.
+The master serves from its process (tcp_server.py) on the address its host name resolves to, over the wire
+format of tcp_protocol.py. Every TCPStore, the master's included, is a client; its threads share its
+connections, each used by one request at a time. A client greets with the job's token (the `job_token`
+argument, else MINITENSOR_JOB_TOKEN from the environment, which the launcher sets); a master with a token
+refuses a peer without the same one, and the peer raises DistStoreError saying so.
 """
+import datetime
 import operator
+import os
 import socket
-import struct
 import threading
 import time
 import weakref
 
+from . import tcp_protocol as protocol
 from .errors import DistNetworkError, DistStoreError
-from .store import DEFAULT_TIMEOUT, Store, added, compare_set_outcome
+from .store import DEFAULT_TIMEOUT, Store, timeout_seconds
+from .tcp_server import Server
 
-_MAGIC = b"minitensor-tcpstore-1"
-_LENGTH = struct.Struct("!I")
-_MAX_PARTS = 1 << 20  # more is not this protocol (e.g. an HTTP client): the connection is dropped
 _REPLY_GRACE_S = 30.0  # beyond a request's own wait: a live server answers well within it, a vanished one never
 _MAX_RETRY_PAUSE_S = 1.0
 _MIN_ATTEMPT_S = 1.0  # one connection attempt and greeting, even when the timeout is nearly spent
-_CLOSE_GRACE_S = 5.0  # for replies being sent when the server closes: a client that stopped reading gets no more
-
-
-def _send(sock, parts):
-    sock.sendall(b"".join([_LENGTH.pack(len(parts)), *(_LENGTH.pack(len(part)) + part for part in parts)]))
-
-
-def _recv_exact(sock, size):
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(min(size - len(data), 1 << 20))
-        if not chunk:
-            raise ConnectionError("Failed to recv, got 0 bytes. Connection was likely closed. "
-                                  "Did the remote server shutdown or crash?")
-        data += chunk
-    return bytes(data)
-
-
-def _recv(sock):
-    (count,) = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size))
-    if count > _MAX_PARTS:
-        raise ConnectionError(f"a message of {count} parts is not the TCPStore protocol")
-    return [_recv_exact(sock, _LENGTH.unpack(_recv_exact(sock, _LENGTH.size))[0]) for _ in range(count)]
 
 
 def _ms(seconds):
     return f"{round(seconds * 1000)}ms"
 
 
-class _Table:
-    """The server's keys, and the condition variable that wakes blocked `get`s and `wait`s when one is set."""
-
-    def __init__(self):
-        self.values = {}
-        self.joined = 0
-        self.closed = False
-        self.changed = threading.Condition()
-        self.commands = {b"set": self.set, b"get": self.get, b"add": self.add, b"compare_set": self.compare_set,
-                         b"wait": self.wait, b"check": self.check, b"delete_key": self.delete_key,
-                         b"num_keys": self.num_keys}
-
-    def handle(self, request):
-        command = self.commands.get(request[0])
-        return command(*request[1:]) if command else [b"error", b"unknown TCPStore command " + request[0]]
-
-    def _store(self, key, value):
-        self.values[key] = value
-        self.changed.notify_all()
-
-    def _missing_after(self, keys, timeout):
-        """Waits (holding `changed`) until every key is set, the timeout passes or the server closes."""
-        self.changed.wait_for(lambda: self.closed or all(key in self.values for key in keys), float(timeout))
-        return [key for key in keys if key not in self.values]
-
-    def set(self, key, value):
-        with self.changed:
-            self._store(key, value)
-        return [b"ok"]
-
-    def get(self, key, timeout):
-        with self.changed:
-            return [b"timeout", key] if self._missing_after([key], timeout) else [b"ok", self.values[key]]
-
-    def add(self, key, amount):
-        with self.changed:
-            try:
-                value = added(self.values.get(key), key.decode(), int(amount))
-            except DistStoreError as error:
-                return [b"error", str(error).encode()]
-            self._store(key, value)
-            return [b"ok", value]
-
-    def compare_set(self, key, expected, desired):
-        with self.changed:
-            stored, answer = compare_set_outcome(self.values.get(key), expected, desired)
-            if stored is not None:
-                self._store(key, stored)
-            return [b"ok", answer]
-
-    def wait(self, timeout, *keys):
-        with self.changed:
-            missing = self._missing_after(keys, timeout)
-        return [b"timeout", *missing] if missing else [b"ok"]
-
-    def check(self, *keys):
-        with self.changed:
-            return [b"ok", b"1" if all(key in self.values for key in keys) else b"0"]
-
-    def delete_key(self, key):
-        with self.changed:
-            return [b"ok", b"0" if self.values.pop(key, None) is None else b"1"]
-
-    def num_keys(self):
-        with self.changed:
-            return [b"ok", str(len(self.values)).encode()]
-
-
-class _Server:
-    """The master's listening socket and its threads. It lives as long as the master's TCPStore object."""
-
-    def __init__(self, port):
-        try:
-            self._listener = _listen(port)
-        except OSError as error:
-            raise DistNetworkError(f"The server socket has failed to listen on any local network address. "
-                                   f"port: {port}, message: {error.strerror}") from None
-        self.port = self._listener.getsockname()[1]
-        self.table = _Table()
-        self._connections = set()
-        self._lock = threading.Lock()
-        self._answering = 0  # requests being handled and replied to, which close() lets finish
-        self._all_answered = threading.Condition(self._lock)
-        threading.Thread(target=self._accept, name=f"TCPStore server :{self.port}", daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                connection, _ = self._listener.accept()
-            except OSError:
-                if self.table.closed:  # the listener was shut down
-                    return
-                time.sleep(0.1)  # e.g. out of file descriptors for now: the server goes on
-                continue
-            with self._lock:
-                if self.table.closed:
-                    connection.close()
-                    return
-                self._connections.add(connection)
-            threading.Thread(target=self._serve, args=(connection,), name=f"TCPStore client of :{self.port}",
-                             daemon=True).start()
-
-    def _serve(self, connection):
-        """Answers one client until it goes. A peer that breaks the protocol loses its connection, nothing more."""
-        try:
-            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._greet(_recv(connection)):
-                _send(connection, [b"ok"])
-                while True:
-                    self._answer(connection, _recv(connection))
-        except (OSError, LookupError, TypeError, ValueError):
-            pass
-        finally:
-            with self._lock:
-                self._connections.discard(connection)
-            connection.close()
-
-    def _answer(self, connection, request):
-        with self._lock:
-            self._answering += 1
-        try:
-            _send(connection, self.table.handle(request))
-        finally:
-            with self._lock:
-                self._answering -= 1
-                self._all_answered.notify_all()
-
-    def _greet(self, hello):
-        """Whether `hello` is a TCPStore client's; one that joins counts towards `wait_for_workers`."""
-        if hello[:2] != [b"hello", _MAGIC]:
-            return False
-        if hello[2:] == [b"join"]:
-            with self.table.changed:
-                self.table.joined += 1
-                self.table.changed.notify_all()
-        return True
-
-    def wait_for_workers(self, world_size, timeout_s):
-        table = self.table
-        with table.changed:
-            if not table.changed.wait_for(lambda: table.joined >= world_size, timeout_s):
-                raise DistStoreError(f"Timed out after {timeout_s:g} seconds waiting for clients. "
-                                     f"{table.joined}/{world_size} clients joined.")
-
-    def close(self):
-        """Stops accepting, wakes the blocked waits, lets the replies being sent finish (a rank that ends once the
-        others' keys are set must not cut off the reply to the last set) and ends every connection, so the port is
-        free again."""
-        with self.table.changed:
-            self.table.closed = True
-            self.table.changed.notify_all()
-        with self._lock:
-            self._all_answered.wait_for(lambda: self._answering == 0, _CLOSE_GRACE_S)
-            sockets = [self._listener, *self._connections]
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:  # not connected (the listener on some systems) or already gone
-                pass
-        self._listener.close()
-
-
-def _listen(port):
-    """Listens on every local address, as torch's server does, IPv6 too where the system has it."""
-    if socket.has_dualstack_ipv6():
-        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
-    return socket.create_server(("", port))
-
-
-def _open(host, port, join, timeout_s):
-    """One connection, greeted; OSError when nothing answers, DistNetworkError when something else does."""
+def _open(host, port, join, token, timeout_s):
+    """One connection, greeted; OSError when nothing answers or the server has no room now, DistStoreError when
+    it refuses this client, DistNetworkError when something else answers."""
     sock = socket.create_connection((host, port), timeout=timeout_s)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _send(sock, [b"hello", _MAGIC, *([b"join"] if join else [])])
-        reply = _recv(sock)
+        protocol.send(sock, [b"hello", protocol.MAGIC, b"join" if join else b"use", token])
+        reply = protocol.receive(sock, protocol.GREETING_REPLY, timeout_s, timeout_s)
     except BaseException:
         sock.close()
         raise
-    if reply != [b"ok"]:
-        sock.close()
-        raise DistNetworkError(f"({host}, {port}) answered the TCPStore greeting with {reply!r}: it is not a "
-                               f"minitensor TCPStore server")
-    return sock
+    if reply == [b"ok"]:
+        return sock
+    sock.close()
+    if reply[:1] == [b"busy"]:
+        raise ConnectionRefusedError(reply[1].decode(errors="replace") if len(reply) > 1 else "busy")
+    if reply[:1] == [b"error"] and len(reply) == 2:
+        raise DistStoreError(f"TCPStore at ({host}, {port}) refused this client: {reply[1].decode(errors='replace')}")
+    raise DistNetworkError(f"({host}, {port}) answered the TCPStore greeting with {reply!r}: it is not a "
+                           f"minitensor TCPStore server")
 
 
-def _connect(host, port, join, timeout_s):
+def _connect(host, port, join, token, timeout_s):
     """The first connection to the server, retried until `timeout_s` passes: the master may not listen yet."""
     deadline = time.monotonic() + timeout_s
     pause = 0.01
     while True:
         try:
-            return _open(host, port, join, max(deadline - time.monotonic(), _MIN_ATTEMPT_S))
-        except OSError as error:
+            return _open(host, port, join, token, max(deadline - time.monotonic(), _MIN_ATTEMPT_S))
+        except (OSError, protocol.ProtocolError) as error:
             if time.monotonic() + pause > deadline:
                 raise DistNetworkError(f"The client socket has timed out after {_ms(timeout_s)} while trying to "
                                        f"connect to ({host}, {port}). Last error: {error}") from None
@@ -260,88 +72,140 @@ def _close(idle, server):
         server.close()
 
 
+def _key(key):
+    encoded = key.encode()
+    if len(encoded) > protocol.MAX_KEY_BYTES:
+        raise ValueError(f"TCPStore keys are at most {protocol.MAX_KEY_BYTES} bytes (UTF-8), got one of "
+                         f"{len(encoded)}")
+    return encoded
+
+
+def _keys(keys):
+    if len(keys) > protocol.MAX_KEYS:
+        raise ValueError(f"a TCPStore wait or check names at most {protocol.MAX_KEYS} keys, got {len(keys)}")
+    return [_key(key) for key in keys]
+
+
+def _value(value):
+    if len(value) > protocol.MAX_VALUE_BYTES:
+        raise ValueError(f"TCPStore values are at most {protocol.MAX_VALUE_BYTES} bytes, got one of {len(value)}")
+    return value
+
+
+def _job_token(job_token):
+    token = os.environ.get(protocol.JOB_TOKEN_ENV, "") if job_token is None else job_token
+    if not isinstance(token, str):
+        raise TypeError(f"TCPStore(): job_token must be a str or None, got {type(token).__name__}")
+    if len(token.encode()) > protocol.MAX_TOKEN_BYTES:
+        raise ValueError(f"TCPStore(): a job token is at most {protocol.MAX_TOKEN_BYTES} bytes, got "
+                         f"{len(token.encode())}")
+    return token
+
+
 class TCPStore(Store):
-    """torch.distributed.TCPStore. The master (`is_master=True`) serves the keys from this process; port 0
-    picks a free port, which `.port` tells. With `world_size` and `wait_for_workers`, the master's constructor
-    returns only once `world_size` stores (its own included) have connected, so it doubles as a start barrier.
+    """torch.distributed.TCPStore. The master (`is_master=True`) serves the keys from this process, listening on
+    the address `host_name` resolves to; port 0 picks a free port, which `.port` tells. With `world_size` and
+    `wait_for_workers`, the master's constructor returns only once `world_size` stores (its own included) have
+    connected, so it doubles as a start barrier. `job_token` (default: MINITENSOR_JOB_TOKEN, else none) is the
+    secret a master requires of every peer and a client presents.
 
     Unlike torch's, a store used by several threads at once opens a connection per concurrent request, so a
     thread blocked in `get` does not hold up another thread's `set` on the same store object."""
 
-    def __init__(self, host_name, port, world_size=None, is_master=False, timeout=DEFAULT_TIMEOUT,
-                 wait_for_workers=True):
+    def __init__(self, host_name: str, port: int, world_size: "int | None" = None, is_master: bool = False,
+                 timeout: datetime.timedelta = DEFAULT_TIMEOUT, wait_for_workers: bool = True, *,
+                 job_token: "str | None" = None) -> None:
         super().__init__(timeout)
         port = _check_arguments(host_name, port, world_size, is_master)
+        token = _job_token(job_token)
         self.host = host_name
-        self._server = _Server(port) if is_master else None
+        self._token = token.encode()
+        self._server = Server(host_name, port, token, world_size) if is_master else None
         self.port = self._server.port if is_master else port
-        # the master reaches its own server through the loopback address, which it always listens on
-        self._address = "127.0.0.1" if is_master else host_name
+        self._address = self._server.address[0] if is_master else host_name
         self._lock = threading.Lock()
         joins = world_size is not None and wait_for_workers
-        try:
-            self._idle = [_connect(self._address, self.port, joins, timeout.total_seconds())]  # connections not in use
+        timeout_s = timeout_seconds(timeout)
+        try:  # the connections not in use
+            self._idle = [_connect(self._address, self.port, joins, self._token, timeout_s)]
         except BaseException:
             _close([], self._server)
             raise
         finalizer = weakref.finalize(self, _close, self._idle, self._server)
         if is_master and joins:
             try:
-                self._server.wait_for_workers(world_size, timeout.total_seconds())
+                self._server.wait_for_workers(world_size, timeout_s)
             except BaseException:
                 finalizer()
                 raise
 
-    def _request(self, parts, wait_s=0.0):
-        """(status, values) of one request, on an idle connection or a new one; a lost or silent server is a
-        DistNetworkError."""
+    def _request(self, parts, wait_s=0.0, shape=(0, 0)):
+        """(status, values) of one request's reply, on an idle connection or a new one: `shape` is how many
+        values an "ok" reply has (at least, at most); a timeout's values are the keys still missing. A lost,
+        silent or garbled server is a DistNetworkError, an error reply a DistStoreError."""
         with self._lock:
             sock = self._idle.pop() if self._idle else None
         try:
-            sock = sock or _open(self._address, self.port, False, _REPLY_GRACE_S)
-            sock.settimeout(wait_s + _REPLY_GRACE_S)
-            _send(sock, parts)
-            status, *values = _recv(sock)
-        except OSError as error:
+            sock = sock or _open(self._address, self.port, False, self._token, _REPLY_GRACE_S)
+            sock.settimeout(_REPLY_GRACE_S)
+            protocol.send(sock, parts)
+            reply = protocol.receive(sock, protocol.REPLY, wait_s + _REPLY_GRACE_S, _REPLY_GRACE_S)
+            _check_reply(reply, shape)
+        except (OSError, protocol.ProtocolError) as error:
             if sock is not None:
                 sock.close()  # a reply may be half read: the connection cannot be trusted again
             raise DistNetworkError(f"TCPStore at ({self.host}, {self.port}): {error}") from None
         with self._lock:
             self._idle.append(sock)
-        if status == b"error":
-            raise DistStoreError(values[0].decode())
-        return status, values
+        if reply[0] == b"error":
+            raise DistStoreError(reply[1].decode(errors="replace"))
+        return reply[0], reply[1:]
 
     def _set(self, key, value):
-        self._request([b"set", key.encode(), value])
+        self._request([b"set", _key(key), _value(value)])
 
     def _get(self, key, timeout_s):
-        status, values = self._request([b"get", key.encode(), repr(timeout_s).encode()], timeout_s)
+        status, values = self._request([b"get", _key(key), repr(timeout_s).encode()], timeout_s, (1, 1))
         if status == b"timeout":
             raise DistStoreError(f"wait timeout after {_ms(timeout_s)}, keys: {key}")
         return values[0]
 
     def _add(self, key, amount):
-        return int(self._request([b"add", key.encode(), str(amount).encode()])[1][0])
+        return _integer(self._request([b"add", _key(key), str(amount).encode()], shape=(1, 1))[1][0])
 
     def _compare_set(self, key, expected, desired):
-        return self._request([b"compare_set", key.encode(), expected, desired])[1][0]
+        return self._request([b"compare_set", _key(key), _value(expected), _value(desired)], shape=(1, 1))[1][0]
 
     def _wait(self, keys, timeout_s):
-        status, missing = self._request([b"wait", repr(timeout_s).encode(), *(key.encode() for key in keys)],
-                                        timeout_s)
+        status, missing = self._request([b"wait", repr(timeout_s).encode(), *_keys(keys)], timeout_s)
         if status == b"timeout":
             raise DistStoreError(f"wait timeout after {_ms(timeout_s)}, keys: "
-                                 f"{', '.join(key.decode() for key in missing)}")
+                                 f"{', '.join(key.decode(errors='replace') for key in missing)}")
 
     def _check(self, keys):
-        return self._request([b"check", *(key.encode() for key in keys)])[1][0] == b"1"
+        return self._request([b"check", *_keys(keys)], shape=(1, 1))[1][0] == b"1"
 
     def _delete_key(self, key):
-        return self._request([b"delete_key", key.encode()])[1][0] == b"1"
+        return self._request([b"delete_key", _key(key)], shape=(1, 1))[1][0] == b"1"
 
     def _num_keys(self):
-        return int(self._request([b"num_keys"])[1][0])
+        return _integer(self._request([b"num_keys"], shape=(1, 1))[1][0])
+
+
+def _check_reply(reply, shape):
+    """ProtocolError unless `reply` is an error with its message, a timeout, or "ok" with `shape` values."""
+    status = reply[0] if reply else None
+    low, high = {b"ok": shape, b"error": (1, 1), b"timeout": (0, protocol.MAX_KEYS)}.get(status, (1, 0))
+    if not low <= len(reply) - 1 <= high:
+        raise protocol.ProtocolError(f"a reply of {len(reply)} parts starting {reply[:1]!r} is not the TCPStore "
+                                     f"protocol")
+
+
+def _integer(digits):
+    try:
+        return int(digits)
+    except ValueError:
+        raise DistNetworkError(f"the TCPStore master answered {digits[:40]!r} where a number was due") from None
 
 
 def _check_arguments(host_name, port, world_size, is_master):

@@ -8,6 +8,7 @@ stopped using record_stream). How the waiting is done is the engine's: each give
 import datetime
 
 from .errors import DistBackendError
+from .store import MAX_TIMEOUT_S
 
 
 class Work:
@@ -27,7 +28,7 @@ class Work:
         if timeout is not None:
             if not isinstance(timeout, datetime.timedelta):
                 raise TypeError(f"wait(): timeout must be a datetime.timedelta, got {type(timeout).__name__}")
-            self._completion.host_wait(timeout.total_seconds())
+            self._completion.host_wait(min(timeout.total_seconds(), MAX_TIMEOUT_S))
         self._completion.stream_wait(self._device)
         then, self._then, self._keep = self._then, None, ()
         if then is not None:
