@@ -6,7 +6,8 @@ launcher, or a user, starts each under `mpiexec -n 1`) and the ranks join throug
 port and publishes its name, then ranks 1, 2, ... connect one at a time while the communicator grown so far
 accepts and merges them, and a final split orders the ranks as the store's ranks. MPICH up to 5.0.2 gives
 every process started without a process manager (a "singleton") the same identity, so singletons cannot
-connect to one another; that case is refused with a message saying how to start the ranks.
+connect to one another, and separate Open MPI jobs connect only through an ompi-server: both cases are refused
+with a message saying how to start the ranks (otherwise MPI_Comm_connect would hang until the timeout).
 
 MPI is initialised with MPI_THREAD_MULTIPLE: a group's calls run on its stream's worker thread.
 """
@@ -60,6 +61,12 @@ def world_communicator(store, rank, world_size, timeout_s):
             "(MPICH <= 5.0.2 gives such processes one identity, so they cannot connect to each other): start "
             "them with `mpiexec -n N python script.py`, or with `python -m minitensor.distributed.run`, which starts "
             "each rank under `mpiexec -n 1` when mpi4py and MPICH's mpiexec are installed beside the interpreter")
+    if MPI.Get_library_version().startswith("Open MPI") and "OMPI_MCA_pmix_server_uri" not in os.environ:
+        raise DistBackendError(
+            f"the MPI engine cannot join {world_size} ranks started as separate Open MPI jobs: Open MPI connects "
+            "separate jobs only through a running ompi-server (OMPI_MCA_pmix_server_uri pointing to it); start "
+            "the ranks with one `mpirun -n N python script.py`, or install MPICH's mpi4py and mpiexec (pip "
+            "install 'minitensor[mpi]') for `python -m minitensor.distributed.run`")
     return _connect(MPI, store, rank, world_size, timeout_s)
 
 
