@@ -32,17 +32,27 @@ __all__ = ["CompileError", "SharedLibrary", "compile", "compile_async", "load", 
 _libraries = {}  # path -> SharedLibrary
 _modules = {}  # (source, kind, options) -> RawModule
 _lock = threading.Lock()
+_cuda_cache = []  # the compile cache's module, once imported
+_archs = {}  # device index -> compute capability number
 
 
 def _cache():
-    """kernels/cuda_cache.py, imported at the first compile: a hit in a fresh process pays for nothing more."""
-    from ..kernels import cuda_cache  # lazy: import cost
-    return cuda_cache
+    """kernels/cuda_cache.py, imported at the first compile: a hit in a fresh process pays for nothing more (and a
+    hit in memory not for the import statement's lookup either)."""
+    if not _cuda_cache:
+        from ..kernels import cuda_cache  # lazy: import cost
+        _cuda_cache.append(cuda_cache)
+    return _cuda_cache[0]
 
 
 def _arch():
-    major, minor = get_device_capability()
-    return major * 10 + minor
+    """The current device's compute capability as a number (90 for sm_90), kept per device."""
+    device = current_device()
+    arch = _archs.get(device)
+    if arch is None:
+        major, minor = get_device_capability(device)
+        arch = _archs[device] = major * 10 + minor
+    return arch
 
 
 def compile(source, kind, options=()):
