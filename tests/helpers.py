@@ -67,6 +67,19 @@ int saxpy(int n, float a, float *x, float *y) {
 """
 
 
+def fresh_stream():
+    """A side stream none of whose segments exist: what other tests keep alive on a stream may leave room in
+    its segments, and a request then takes it instead of a new segment (stream handles are pooled)."""
+    taken = {s["stream"] for s in mt.cuda.memory_snapshot()} | {0}
+    tried = []
+    for _ in range(100):
+        stream = mt.cuda.Stream()
+        if stream.cuda_stream not in taken:
+            return stream
+        tried.append(stream)  # kept until the search ends, so its handle is not handed out again
+    raise AssertionError("no stream without segments")
+
+
 def launched_behind_a_closed_gate(launch):
     """Call `launch()` with a new side stream current that waits on a closed Gate, check that its work did not run
     ahead of the gate (nor keep the default stream busy), open the gate, and make the current stream wait for it.

@@ -26,7 +26,7 @@ import pytest
 import minitensor as mt
 import minitensor.allocator
 from minitensor.allocator import history
-from helpers import run_python
+from helpers import fresh_stream, run_python
 
 DEV = "cuda"
 memory = mt.cuda.memory
@@ -80,19 +80,6 @@ def steps(entries):
 def blocks(snapshot):
     """address -> block dict, over every segment of `snapshot`."""
     return {b["address"]: b for s in snapshot["segments"] for b in s["blocks"]}
-
-
-def fresh_stream():
-    """A side stream none of whose segments exist: what other tests keep alive on a stream may leave room in
-    its segments, and a request then takes it instead of a new segment (stream handles are pooled)."""
-    taken = {s["stream"] for s in mt.cuda.memory_snapshot()} | {0}
-    tried = []
-    for _ in range(100):
-        stream = mt.cuda.Stream()
-        if stream.cuda_stream not in taken:
-            return stream
-        tried.append(stream)  # kept until the search ends, so its handle is not handed out again
-    raise AssertionError("no stream without segments")
 
 
 def names(frames):

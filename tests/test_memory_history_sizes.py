@@ -13,6 +13,8 @@ import pytest
 import minitensor as mt
 from minitensor.allocator import history
 
+from helpers import fresh_stream
+
 DEV = "cuda"
 memory = mt.cuda.memory
 NBYTES = 4000  # 1000 float32: a 4096-byte block
@@ -29,18 +31,6 @@ def _history_off(request, clean_cuda_state, monkeypatch):
     memory._record_memory_history(None)
     yield
     memory._record_memory_history(None)
-
-
-def fresh_stream():
-    """A side stream none of whose segments exist, so its first allocation makes a new segment."""
-    taken = {s["stream"] for s in mt.cuda.memory_snapshot()} | {0}
-    tried = []
-    for _ in range(100):
-        stream = mt.cuda.Stream()
-        if stream.cuda_stream not in taken:
-            return stream
-        tried.append(stream)  # kept until the search ends, so its handle is not handed out again
-    raise AssertionError("no stream without segments")
 
 
 def entries_at(snapshot, ptr):
