@@ -25,8 +25,7 @@ def _load(ptr, re_scalar, im_scalar, offs, mask, KIND: tl.constexpr, COMPUTE: tl
         im = tl.load(ptr + pair + 1, mask=mask).to(ty)
     elif KIND == 3:
         x = tl.load(ptr + offs, mask=mask)
-        if tl.constexpr(x.dtype.is_fp16() or x.dtype.is_bf16()):  # the interpreter widens halves only to float32
-            x = widen(x)
+        x = widen(x)  # half types to float32 first: the interpreter widens halves only to float32
         re = x.to(ty)
         im = tl.full(re.shape, 0, ty)
     else:

@@ -42,8 +42,7 @@ def _min(x):
 @jit
 def _to(x, ty, NONZERO: tl.constexpr):
     """An input element in the accumulator type: its truth value for all/any, half types through float32."""
-    if x.dtype.is_fp16() or x.dtype.is_bf16():
-        x = widen(x)
+    x = widen(x)
     if NONZERO:
         x = x != 0
     return x.to(ty)

@@ -186,12 +186,13 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     _world.made += 1
     number = _world.made
     member = rank in ranks
+    seconds = timeout_seconds(timeout)
     if default._backend == "mpi":
-        comm = mpi_world.split(_world.mpi_parent, ranks, rank, timeout_seconds(timeout))
-        engine = engine_mpi.MpiEngine(comm, default._device, timeout_seconds(timeout)) if member else None
+        comm = mpi_world.split(_world.mpi_parent, ranks, rank, seconds)
+        engine = engine_mpi.MpiEngine(comm, default._device, seconds) if member else None
     elif member:
         engine = engine_nccl.create(PrefixStore(f"group_{number}", _world.store), ranks.index(rank), len(ranks),
-                                    default._device, timeout_seconds(timeout))
+                                    default._device, seconds)
     else:
         engine = None
     made = ProcessGroup(ranks, ranks.index(rank) if member else -1, engine, default._backend, default._device,
