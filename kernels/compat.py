@@ -66,6 +66,7 @@ if INTERPRETED:
 
         @staticmethod
         def fmod(x, y):
+            """x - y * trunc(x / y), exactly (C's fmod): what remainder and floor_divide build on."""
             return libdevice._apply(np.fmod, x, y)
 
         # complex_math.py's

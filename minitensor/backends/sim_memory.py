@@ -93,7 +93,8 @@ class SimMemory:
     """SimDriver's device memory calls (a mixin: they share its lock and streams). State, set by the driver:
     `_arenas`, one Arena per device or None until first used; `_capacity`, each one's bytes."""
 
-    def mem_get_info(self, device):
+    def mem_get_info(self, device: int) -> tuple[int, int]:
+        """(free, total) bytes of the simulated device, as cuMemGetInfo."""
         arena = self._arenas[device]
         used = arena.used if arena is not None else 0
         return self._capacity - used, self._capacity
@@ -107,14 +108,16 @@ class SimMemory:
                 arena = self._arenas[device]
         return arena
 
-    def malloc(self, device, nbytes):
+    def malloc(self, device: int, nbytes: int) -> int:
+        """An address of `nbytes` in the device's arena, as cuMemAlloc; OutOfMemoryError past its capacity."""
         ptr = self._arena(device).malloc(nbytes)
         if ptr is None:
             raise OutOfMemoryError(f"CUDA error 2: out of memory (simulated device {device} has "
                                    f"{self._capacity} bytes)")
         return ptr
 
-    def free(self, device, ptr):
+    def free(self, device: int, ptr: int) -> None:
+        """Give an allocation back to the arena, as cuMemFree (after the device's queued work)."""
         # cuMemFree waits for the device's work; so does the simulation, or queued kernels could
         # write into memory that a later malloc hands out again.
         for stream in self._device_streams(device):
